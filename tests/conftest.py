@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO / "conf"
+
+# A model small enough to train a few steps in seconds; 2 micro-batches per update exercise accumulation.
+SMALL = [
+    "logger=csv", "model.n_layer=2", "model.n_embd=64", "model.n_head=2", "model.sequence_len=64",
+    "model.vocab_size=512", "train.device_batch_size=4", "train.total_batch_tokens=512", "train.max_steps=6",
+    "eval.every=3", "eval.val_tokens=1024", "log.print_every=1",
+]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cache_dir(tmp_path_factory) -> Path:
+    """One tokenizer cache for the whole session, never the user's."""
+    path = tmp_path_factory.mktemp("xsa-exp-cache")
+    os.environ["XSA_EXP_CACHE"] = str(path)
+    return path
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+@pytest.fixture
+def small_cfg():
+    return lambda *overrides: compose_config(*SMALL, *overrides)

@@ -1,0 +1,70 @@
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import CONF_DIR, REPO, compose_config
+from xsa_exp.config import ConfigError, validate
+
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+
+
+@pytest.mark.parametrize("group, option", [(g, o.stem) for g in GROUPS for o in sorted((CONF_DIR / g).glob("*.yaml"))])
+def test_every_config_group_option_composes_and_validates(group, option):
+    cfg = compose_config(f"{group}={option}")
+    validate(cfg)
+    assert cfg.model.n_embd % cfg.model.n_head == 0
+
+
+def test_depth_presets_have_the_study_sizes():
+    d12, d24 = compose_config("depth=d12").model, compose_config("depth=d24").model
+    assert (d12.n_layer, d12.n_embd, d12.n_head, d12.sequence_len, d12.vocab_size) == (12, 768, 12, 2048, 32768)
+    assert (d24.n_layer, d24.n_embd, d24.n_head, d24.sequence_len, d24.vocab_size) == (24, 1024, 16, 2048, 32768)
+    assert compose_config("xsa=off").xsa.alpha == 0.0 and compose_config().xsa.alpha == 1.0
+
+
+@pytest.mark.parametrize("override, message", [
+    ("xsa.alpha=1.5", "xsa.alpha=1.5 is outside [0, 1]"),
+    ("xsa.alpha=-0.1", "xsa.alpha=-0.1 is outside [0, 1]"),
+    ("xsa.layers=[0,9]", "layer 9 is out of range"),
+    ("xsa.layers=middle", "unknown selection 'middle'"),
+    ("model.n_embd=130", "model.n_embd=130 is not divisible by model.n_head=4"),
+    ("xsa.value_source=post", "xsa.value_source='post' is not an option; allowed: mixed, plain"),
+    ("optim.muon.ns_coefficients=cubic", "allowed: quintic, polar_express"),
+    ("train.device_batch_size=3", "train.total_batch_tokens=2048 is not a multiple"),
+])
+def test_bad_values_raise_one_line_naming_the_key(override, message):
+    with pytest.raises(ConfigError) as info:
+        validate(compose_config(override))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_package_is_named(monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match="`wandb` cannot be imported"):
+        validate(compose_config("logger=wandb"))
+    validate(compose_config("logger=csv"))
+
+
+def run_train(*args, tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *args],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    return result, run_dir
+
+
+@pytest.mark.parametrize("args, message", [
+    (["xsa.alpha=2"], "config error: xsa.alpha=2 is outside [0, 1]"),
+    (["xsa.layers=[7]"], "config error: xsa.layers: layer 7 is out of range; use indices in 0..3"),
+    (["model.n_head=3"], "config error: model.n_embd=128 is not divisible by model.n_head=3"),
+    (["depth=d13"], "config error: depth=d13 is not an option; allowed: d12, d24, tiny"),
+    (["-m", "xsa=full,half"], "config error: xsa=half is not an option; allowed: full, learnable, off"),
+])
+def test_bad_config_exits_before_creating_a_run_directory(args, message, tmp_path):
+    result, run_dir = run_train(*args, tmp_path=tmp_path)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), result.stderr
+    assert not run_dir.exists()

@@ -1,0 +1,58 @@
+import torch
+
+from xsa_exp.model import GPT, GPTConfig
+
+
+def make(**kw):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(sequence_len=16, vocab_size=300, n_layer=4, n_head=2, n_embd=32, xsa_layers=[0, 1, 2, 3], **kw))
+
+
+def test_value_embeddings_on_alternating_layers_including_last():
+    assert make().config.ve_layers == [1, 3]
+    assert GPTConfig(n_layer=5).ve_layers == [0, 2, 4]
+    assert make(value_embeds=False).config.ve_layers == []
+    model = make()
+    assert sorted(model.value_embeds.keys()) == ["1", "3"]
+    assert [b.attn.ve_gate is not None for b in model.blocks] == [False, True, False, True]
+
+
+def test_logits_are_fp32_and_soft_capped():
+    model = make()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1e4)
+    logits = model(torch.randint(0, 300, (2, 16)))
+    assert logits.dtype == torch.float32 and logits.shape == (2, 16, 300)
+    assert logits.abs().max() <= 15.0
+    assert make(logit_softcap=0.0)(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 300)
+
+
+def test_untied_no_bias_zero_init_projections():
+    model = make()
+    assert model.lm_head.weight.data_ptr() != model.wte.weight.data_ptr()
+    assert all(not n.endswith("bias") for n, _ in model.named_parameters())
+    for block in model.blocks:
+        assert block.attn.c_proj.weight.abs().sum() == 0 and block.mlp.c_proj.weight.abs().sum() == 0
+    tied = make(tie_embeddings=True)
+    assert tied.lm_head.weight is tied.wte.weight
+
+
+def test_every_parameter_has_exactly_one_role():
+    model = make(xsa_learnable=True)
+    groups = model.named_param_groups()
+    seen = [id(p) for params in groups.values() for _, p in params]
+    assert len(seen) == len(set(seen)) == len(list(model.parameters()))
+    assert all(p.ndim == 2 for _, p in groups["matrix"])
+    assert {n for n, _ in groups["xsa_alpha"]} == {f"blocks.{i}.attn.xsa_theta" for i in range(4)}
+    counts = model.param_counts()
+    assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
+
+
+def test_loss_ignores_minus_one_targets_and_per_token_reduction():
+    model = make()
+    idx = torch.randint(0, 300, (2, 17))
+    targets = idx[:, 1:].clone()
+    per_token = model(idx[:, :-1], targets, loss_reduction="none")
+    assert per_token.shape == (32,)
+    targets[0, :8] = -1
+    torch.testing.assert_close(model(idx[:, :-1], targets), per_token.view(2, 16)[targets >= 0].mean())

@@ -1,0 +1,147 @@
+import copy
+
+import pytest
+import torch
+
+from tests.conftest import compose_config
+from xsa_exp.model import GPT, GPTConfig
+from xsa_exp.optim import MuonAdamW, WarmupConstantWarmdown, build_optimizer, orthogonalize
+
+
+def relative_error(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def muon_group(params, **kw):
+    return dict(algorithm="muon", params=params, lr=0.02, momentum=0.95, nesterov=True, ns_steps=5,
+                ns_coefficients="quintic", weight_decay=0.1, **kw)
+
+
+@pytest.mark.parametrize("shape", [(64, 32), (32, 64), (48, 48)])
+def test_muon_step_matches_torch_muon(shape):
+    torch.manual_seed(0)
+    ours = torch.nn.Parameter(torch.randn(shape))
+    ref = torch.nn.Parameter(ours.detach().clone())
+    mine = MuonAdamW([muon_group([ours])])
+    theirs = torch.optim.Muon([ref], lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, adjust_lr_fn="original")
+    for _ in range(3):
+        grad = torch.randn(shape)
+        ours.grad, ref.grad = grad.clone(), grad.clone()
+        mine.step()
+        theirs.step()
+        assert relative_error(ours.detach(), ref.detach()) < 1e-5
+    # The comparison must be sensitive to the update, not just to the shared starting point.
+    assert relative_error(ours.detach(), torch.randn(shape)) > 0.5
+
+
+def test_adamw_groups_match_torch_adamw():
+    torch.manual_seed(0)
+    ours = torch.nn.Parameter(torch.randn(10, 3))
+    ref = torch.nn.Parameter(ours.detach().clone())
+    mine = MuonAdamW([dict(algorithm="adamw", params=[ours], lr=0.01, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)])
+    theirs = torch.optim.AdamW([ref], lr=0.01, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)
+    for _ in range(5):
+        grad = torch.randn(10, 3)
+        ours.grad, ref.grad = grad.clone(), grad.clone()
+        mine.step()
+        theirs.step()
+    torch.testing.assert_close(ours.detach(), ref.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_step_calls_the_closure_before_updating():
+    p = torch.nn.Parameter(torch.ones(4, 4))
+    opt = MuonAdamW([muon_group([p])])
+    calls = []
+
+    def closure():
+        calls.append(p.detach().clone())
+        p.grad = torch.randn(4, 4)
+        return torch.tensor(1.5)
+
+    assert opt.step(closure).item() == 1.5
+    assert len(calls) == 1 and torch.equal(calls[0], torch.ones(4, 4)) and not torch.equal(p.detach(), calls[0])
+
+
+def test_muon_rejects_vectors():
+    with pytest.raises(ValueError, match="2-D"):
+        MuonAdamW([muon_group([torch.nn.Parameter(torch.ones(4))])])
+
+
+def test_orthogonalize_gives_near_unit_singular_values():
+    # The input's singular values span 0.01..1 (x its scale); both iterations pull them towards 1.
+    g = torch.randn(64, 32) @ torch.diag(torch.logspace(-2, 0, 32))
+    for coefficients, (lo, hi) in {"quintic": (0.5, 1.3), "polar_express": (0.8, 1.2)}.items():
+        s = torch.linalg.svdvals(orthogonalize(g, 5, coefficients).float())
+        assert lo < s.min() and s.max() < hi, (coefficients, s.min(), s.max())
+
+
+def model_and_cfg(*overrides):
+    cfg = compose_config("model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.vocab_size=300",
+                         "model.sequence_len=16", *overrides)
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_config(cfg.model, cfg.xsa)), cfg
+
+
+def test_routing_every_parameter_once_no_vector_on_muon():
+    model, cfg = model_and_cfg("xsa=learnable")
+    opt = build_optimizer(model, cfg.optim)
+    ids = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) == len(list(model.parameters()))
+    by_role = {g["role"]: g for g in opt.param_groups}
+    assert by_role["matrix"]["algorithm"] == "muon"
+    for group in opt.param_groups:
+        if group["algorithm"] == "muon":
+            assert all(p.ndim == 2 for p in group["params"])
+    assert by_role["xsa_alpha"]["algorithm"] == "adamw"
+    # AdamW lrs of the embeddings shrink with width as (n_embd / 768)^-0.5; scalars keep theirs.
+    assert by_role["embedding"]["lr"] == pytest.approx(0.2 * (32 / 768) ** -0.5)
+    assert by_role["x0_scalar"]["lr"] == 0.5
+    assert by_role["embedding"]["betas"] == (0.8, 0.95) and by_role["embedding"]["eps"] == 1e-10
+
+
+def test_optim_adamw_puts_everything_on_adamw():
+    model, cfg = model_and_cfg("optim=adamw")
+    opt = build_optimizer(model, cfg.optim)
+    assert {g["algorithm"] for g in opt.param_groups} == {"adamw"}
+    matrix = next(g for g in opt.param_groups if g["role"] == "matrix")
+    assert matrix["lr"] == 0.003 and matrix["weight_decay"] == 0.1
+
+
+def test_state_dict_round_trip_continues_identically():
+    model, cfg = model_and_cfg("xsa=learnable")
+    twin = copy.deepcopy(model)
+    opt = build_optimizer(model, cfg.optim)
+    idx = torch.randint(0, 300, (2, 17))
+
+    def step(m, o):
+        o.zero_grad()
+        m(idx[:, :-1], idx[:, 1:]).backward()
+        o.step()
+
+    step(model, opt)
+    twin.load_state_dict(model.state_dict())
+    restored = build_optimizer(twin, cfg.optim)
+    restored.load_state_dict(copy.deepcopy(opt.state_dict()))
+    step(model, opt)
+    step(twin, restored)
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_schedule_warmup_constant_warmdown_and_momentum():
+    p = torch.nn.Parameter(torch.ones(2, 2))
+    q = torch.nn.Parameter(torch.ones(2))
+    opt = MuonAdamW([muon_group([p]), dict(algorithm="adamw", params=[q], lr=0.1, betas=(0.8, 0.95), eps=1e-10, weight_decay=0)])
+    sched = WarmupConstantWarmdown(opt, total_steps=100, warmup_frac=0.1, warmdown_frac=0.5, final_lr_frac=0.2,
+                                   momentum_start=0.85, momentum_end=0.95, momentum_warmup_steps=40)
+    lrs, momenta = [], []
+    for _ in range(100):
+        lrs.append(opt.param_groups[1]["lr"])
+        momenta.append(opt.param_groups[0]["momentum"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(0.1 / 10) and lrs[9] == pytest.approx(0.1)
+    assert all(lr == pytest.approx(0.1) for lr in lrs[10:51])
+    assert lrs[75] == pytest.approx(0.1 * (0.5 * 0.2 + 0.5))
+    assert lrs[99] == pytest.approx(0.1 * (0.02 + 0.98 * 0.2))
+    assert momenta[0] == 0.85 and momenta[20] == pytest.approx(0.90) and momenta[40:] == [pytest.approx(0.95)] * 60

@@ -1,0 +1,101 @@
+"""End-to-end training runs on the embedded corpus (small model, a few steps)."""
+
+import csv
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+from xsa_exp.config import ConfigError
+from xsa_exp.training import train
+
+pytestmark = pytest.mark.slow
+
+
+def read_rows(run_dir):
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def xsa_run(tmp_path_factory):
+    from tests.conftest import compose_config, SMALL
+    run_dir = tmp_path_factory.mktemp("xsa") / "run"
+    return train(compose_config(*SMALL, "train.max_steps=8", "eval.every=3"), run_dir)
+
+
+def test_log_has_one_train_row_per_update_and_val_rows_on_schedule(xsa_run):
+    rows = read_rows(xsa_run)
+    train_rows = [r for r in rows if r["train/loss"]]
+    val_rows = [r for r in rows if r["val/bpb"]]
+    assert [int(r["step"]) for r in train_rows] == list(range(1, 9))
+    assert [int(r["step"]) for r in val_rows] == [0, 3, 6, 8]
+    assert all(int(r["tokens_seen"]) == 512 * int(r["step"]) for r in rows)
+    for key in ("train/lr/matrix", "train/muon_momentum", "train/grad_norm", "train/tokens_per_sec"):
+        assert all(float(r[key]) > 0 for r in train_rows), key
+    assert float(train_rows[1]["train/muon_momentum"]) > float(train_rows[0]["train/muon_momentum"])
+
+
+def test_smoothed_loss_is_bias_corrected_ema(xsa_run):
+    losses = [float(r["train/loss"]) for r in read_rows(xsa_run) if r["train/loss"]]
+    smooth = [float(r["train/loss_smooth"]) for r in read_rows(xsa_run) if r["train/loss"]]
+    ema = 0.0
+    for n, (loss, logged) in enumerate(zip(losses, smooth), start=1):
+        ema = 0.9 * ema + 0.1 * loss
+        assert logged == pytest.approx(ema / (1 - 0.9**n), rel=1e-6)
+    assert smooth[0] == pytest.approx(losses[0])
+
+
+def test_run_directory_holds_config_checkpoint_and_tokenizer(xsa_run):
+    assert (xsa_run / "config.yaml").is_file() and (xsa_run / "run.json").is_file()
+    assert (xsa_run / "tokenizer" / "token_bytes.pt").is_file()
+    ckpt = torch.load(xsa_run / "checkpoints" / "final.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 8
+    assert ckpt["xsa_exp"]["config"]["xsa"]["alpha"] == 1.0
+    assert "optimizer_states" in ckpt and any(k.endswith("c_q.weight") for k in ckpt["state_dict"])
+
+
+def test_existing_run_directory_is_never_overwritten(xsa_run, small_cfg):
+    before = (xsa_run / "metrics.csv").read_bytes()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(small_cfg(), xsa_run)
+    assert (xsa_run / "metrics.csv").read_bytes() == before
+
+
+def test_training_lowers_the_loss(small_cfg, tmp_path):
+    run_dir = train(small_cfg("train.max_steps=30", "eval.every=30", "optim.muon.momentum_warmup_steps=10"), tmp_path / "run")
+    rows = read_rows(run_dir)
+    losses = [float(r["train/loss"]) for r in rows if r["train/loss"]]
+    bpb = [float(r["val/bpb"]) for r in rows if r["val/bpb"]]
+    assert sum(losses[-5:]) / 5 < losses[0] - 1.0
+    assert bpb[-1] < bpb[0] - 0.5
+
+
+def test_alpha_zero_and_no_xsa_layers_give_identical_curves(small_cfg, tmp_path):
+    curves = []
+    for name, override in (("alpha0", "xsa.alpha=0"), ("none", "xsa.layers=none")):
+        rows = read_rows(train(small_cfg(override), tmp_path / name))
+        curves.append([(r["step"], r["train/loss"], r["val/bpb"]) for r in rows])
+    assert curves[0] == curves[1]
+    assert len(curves[0]) == 6 + 3  # 6 train rows + val at 0, 3, 6
+
+
+def test_xsa_changes_training(small_cfg, tmp_path):
+    losses = []
+    for name, alpha in (("a0", 0.0), ("a1", 1.0)):
+        rows = read_rows(train(small_cfg(f"xsa.alpha={alpha}"), tmp_path / name))
+        losses.append([r["train/loss"] for r in rows if r["train/loss"]])
+    assert losses[0][0] == losses[1][0]  # zero-initialised projections: identical first step
+    assert losses[0] != losses[1]
+
+
+def test_train_py_runs_as_a_command(tmp_path):
+    from tests.conftest import SMALL
+    run_dir = tmp_path / "cli"
+    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *SMALL, "train.max_steps=2",
+                             "eval.every=1"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "val bpb" in result.stderr + result.stdout
+    assert [r["step"] for r in read_rows(run_dir)] == ["0", "1", "1", "2", "2"]

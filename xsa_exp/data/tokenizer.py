@@ -1,0 +1,108 @@
+"""Byte-level BPE in the nanochat way: trained with rustbpe, encoded with tiktoken, cached on disk.
+
+A trained tokenizer is a folder: `merges.tiktoken` (tiktoken's own rank-file format), `tokenizer.json`
+(split pattern, special tokens, vocab size) and `token_bytes.pt` (UTF-8 byte length of every token,
+0 for special tokens; the denominator of bits-per-byte).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import rustbpe
+import tiktoken
+import tiktoken.load
+import torch
+
+# GPT-4's split pattern with numbers split into groups of at most two digits, as nanochat.
+SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+# BOS starts every document; the rest are the chat tokens the SFT stage renders conversations with.
+SPECIAL_TOKENS = ["<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
+                  "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>"]
+
+
+class Tokenizer:
+    def __init__(self, mergeable_ranks: dict[bytes, int], pattern: str = SPLIT_PATTERN):
+        offset = len(mergeable_ranks)
+        self.special_tokens = {name: offset + i for i, name in enumerate(SPECIAL_TOKENS)}
+        self.mergeable_ranks = mergeable_ranks
+        self.pattern = pattern
+        self.enc = tiktoken.Encoding(name="xsa-exp", pat_str=pattern, mergeable_ranks=mergeable_ranks,
+                                     special_tokens=self.special_tokens)
+        self.bos_id = self.special_tokens["<|bos|>"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.enc.n_vocab
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+        n_merged = vocab_size - len(SPECIAL_TOKENS)
+        if n_merged < 256:
+            raise ValueError(f"model.vocab_size={vocab_size} is too small; byte-level BPE needs at least {256 + len(SPECIAL_TOKENS)}")
+        bpe = rustbpe.Tokenizer()
+        bpe.train_from_iterator(iter(texts), n_merged, pattern=SPLIT_PATTERN)
+        return cls({bytes(token): rank for token, rank in bpe.get_mergeable_ranks()}, bpe.get_pattern())
+
+    def encode(self, text: str) -> list[int]:
+        """Plain text to ids; special-token strings in the text are encoded as ordinary text."""
+        return self.enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.enc.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.enc.decode(ids)
+
+    def token_bytes(self) -> torch.Tensor:
+        sizes = torch.zeros(self.vocab_size, dtype=torch.int32)
+        for token, rank in self.mergeable_ranks.items():
+            sizes[rank] = len(token)
+        return sizes
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / "merges.tiktoken", "wb") as f:
+            for token, rank in sorted(self.mergeable_ranks.items(), key=lambda item: item[1]):
+                f.write(base64.b64encode(token) + b" " + str(rank).encode() + b"\n")
+        meta = {"pattern": self.pattern, "special_tokens": self.special_tokens, "vocab_size": self.vocab_size}
+        (directory / "tokenizer.json").write_text(json.dumps(meta, indent=1))
+        torch.save(self.token_bytes(), directory / "token_bytes.pt")
+
+    @classmethod
+    def load(cls, directory: Path) -> Tokenizer:
+        meta_path = directory / "tokenizer.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"no tokenizer at {directory} (missing tokenizer.json)")
+        meta = json.loads(meta_path.read_text())
+        tokenizer = cls(tiktoken.load.load_tiktoken_bpe(str(directory / "merges.tiktoken")), meta["pattern"])
+        if tokenizer.special_tokens != meta["special_tokens"]:
+            raise ValueError(f"tokenizer at {directory} has other special tokens than this version of xsa-exp")
+        return tokenizer
+
+
+def load_or_train_tokenizer(cache_root: Path, key: str, vocab_size: int, texts: Callable[[], Iterable[str]]) -> tuple[Tokenizer, Path]:
+    """The tokenizer cached under cache_root/key, trained on texts() the first time.
+
+    Written to a temporary folder and renamed into place, so concurrent runs (a sweep) never see a
+    half-written tokenizer; a loser of the race simply uses the winner's.
+    """
+    directory = cache_root / "tokenizers" / key
+    if (directory / "token_bytes.pt").is_file():
+        return Tokenizer.load(directory), directory
+    tokenizer = Tokenizer.train(texts(), vocab_size)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=directory.parent))
+    tokenizer.save(staging)
+    try:
+        staging.rename(directory)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        return Tokenizer.load(directory), directory
+    return tokenizer, directory

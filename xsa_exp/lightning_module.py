@@ -1,0 +1,58 @@
+"""The LightningModule: one GPT, one MuonAdamW optimizer, one step-interval schedule."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+
+from xsa_exp.model import GPT
+from xsa_exp.optim import WarmupConstantWarmdown, build_optimizer
+
+
+class LanguageModel(L.LightningModule):
+    def __init__(self, model: GPT, optim_cfg, total_steps: int, run_config: dict | None = None):
+        super().__init__()
+        self.model = model
+        self.optim_cfg = optim_cfg
+        self.total_steps = total_steps
+        self.run_config = run_config
+        self._reset_update_stats()
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Enough to rebuild the model without the run directory: its config, and where its tokenizer lives.
+        checkpoint["xsa_exp"] = {"config": self.run_config, "tokenizer_dir": "tokenizer"}
+
+    def _reset_update_stats(self) -> None:
+        self._loss_sum = torch.zeros(())
+        self._micro_batches = 0
+        self._update = {}
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self.model(batch[:, :-1], batch[:, 1:])
+        self._loss_sum = self._loss_sum.to(loss.device) + loss.detach()
+        self._micro_batches += 1
+        return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # Called once per update, after the last micro-batch's backward and before clipping.
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        self._update["grad_norm"] = torch.nn.utils.get_total_norm(grads)
+        for group in optimizer.param_groups:
+            self._update[f"lr/{group['role']}"] = group["lr"]
+            if group["algorithm"] == "muon":
+                self._update["muon_momentum"] = group["momentum"]
+
+    def pop_update_stats(self) -> dict[str, float]:
+        """Mean train loss over the micro-batches (and ranks) of the update just taken, its grad norm and lrs."""
+        loss = self.trainer.strategy.reduce(self._loss_sum / self._micro_batches, reduce_op="mean")
+        stats = {"loss": loss.item(), **{k: float(v) for k, v in self._update.items()}}
+        self._reset_update_stats()
+        return stats
+
+    def configure_optimizers(self):
+        optimizer = build_optimizer(self.model, self.optim_cfg)
+        muon, schedule = self.optim_cfg.muon, self.optim_cfg.schedule
+        scheduler = WarmupConstantWarmdown(
+            optimizer, self.total_steps, schedule.warmup_frac, schedule.warmdown_frac, schedule.final_lr_frac,
+            muon.momentum_start, muon.momentum, muon.momentum_warmup_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

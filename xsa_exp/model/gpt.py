@@ -1,0 +1,268 @@
+"""A GPT in the modern nanochat style, with Exclusive Self-Attention in every selected layer.
+
+Features (each a GPTConfig switch, nanochat-like defaults): untied token embedding and lm_head,
+parameter-free RMSNorm, no biases, RoPE and QK-norm, ReLU^2 MLP, zero-initialised output
+projections, fp32 logits with a tanh soft-cap, value embeddings on alternating layers (always
+including the last) and per-layer residual scalars.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from xsa_exp.model.xsa import exclusive_self_attention, resolve_layers
+
+
+def value_embedding_layers(n_layer: int, enabled: bool = True) -> list[int]:
+    """Alternating layers ending at the last one, or none when value embeddings are off."""
+    return [i for i in range(n_layer) if i % 2 == (n_layer - 1) % 2] if enabled else []
+
+
+@dataclass
+class GPTConfig:
+    sequence_len: int = 2048
+    vocab_size: int = 32768
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    rope: bool = True
+    rope_base: float = 100000.0
+    qk_norm: bool = True
+    mlp_activation: str = "relu2"  # relu2 | gelu
+    value_embeds: bool = True
+    ve_gate_channels: int = 12
+    resid_scalars: bool = True
+    logit_softcap: float = 15.0  # 0 turns the soft-cap off
+    zero_init_proj: bool = True
+    tie_embeddings: bool = False
+    # XSA: the layers it runs in (resolved indices), its strength and where v comes from.
+    xsa_layers: list[int] = field(default_factory=list)
+    xsa_alpha: float = 1.0
+    xsa_learnable: bool = False
+    xsa_theta_init: float = 0.0
+    xsa_value_source: str = "mixed"  # mixed: v after value-embedding mixing | plain: before
+    xsa_eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ve_layers(self) -> list[int]:
+        return value_embedding_layers(self.n_layer, self.value_embeds)
+
+    @classmethod
+    def from_config(cls, model_cfg, xsa_cfg) -> GPTConfig:
+        """Build from the Hydra `model` and `xsa` nodes; raises ValueError on a bad layer selection."""
+        config = cls(**dict(model_cfg))
+        config.xsa_alpha = float(xsa_cfg.alpha)
+        config.xsa_learnable = bool(xsa_cfg.learnable)
+        config.xsa_theta_init = float(xsa_cfg.theta_init)
+        config.xsa_value_source = str(xsa_cfg.value_source)
+        config.xsa_eps = float(xsa_cfg.eps)
+        layers = xsa_cfg.layers
+        if not isinstance(layers, (str, int)):
+            layers = list(layers)
+        config.xsa_layers = resolve_layers(layers, config.n_layer, config.ve_layers)
+        return config
+
+
+def norm(x: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def rotary_cos_sin(seq_len: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return freqs.cos()[None, None], freqs.sin()[None, None]  # (1, 1, T, head_dim/2)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    d = x.size(-1) // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        self.qk_norm = config.qk_norm
+        self.c_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.c_k = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.c_v = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.ve_gate_channels = config.ve_gate_channels
+        has_ve = layer_idx in config.ve_layers
+        self.ve_gate = nn.Linear(config.ve_gate_channels, config.n_head, bias=False) if has_ve else None
+        # XSA is skipped entirely (not multiplied by zero) where it is off, so those layers are
+        # bit-identical to standard attention.
+        self.xsa_on = layer_idx in config.xsa_layers and (config.xsa_learnable or config.xsa_alpha != 0.0)
+        self.xsa_alpha = config.xsa_alpha
+        self.xsa_eps = config.xsa_eps
+        self.xsa_value_source = config.xsa_value_source
+        self.xsa_theta = None
+        if self.xsa_on and config.xsa_learnable:
+            self.xsa_theta = nn.Parameter(torch.full((config.n_head,), float(config.xsa_theta_init)))
+        # Set by the attention diagnostics pass only (xsa_exp.eval.diagnostics); None in training.
+        self.probe = None
+
+    def alpha(self) -> float | torch.Tensor:
+        """The XSA strength: a float, or one learnable value per head shaped (1, H, 1, 1)."""
+        if self.xsa_theta is None:
+            return self.xsa_alpha
+        return torch.tanh(self.xsa_theta).view(1, -1, 1, 1)
+
+    def forward(self, x: torch.Tensor, ve: torch.Tensor | None, cos_sin) -> torch.Tensor:
+        B, T, C = x.shape
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.c_k(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        v = self.c_v(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        v_plain = v
+        if ve is not None:
+            gate = 3 * torch.sigmoid(self.ve_gate(x[..., : self.ve_gate_channels]))  # (B, T, H)
+            v = v + gate.transpose(1, 2).unsqueeze(-1) * ve.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        if self.qk_norm:
+            q, k = norm(q), norm(k)
+        if cos_sin is not None:
+            cos, sin = cos_sin[0][:, :, :T], cos_sin[1][:, :, :T]
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.probe is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = self.probe.attend(q, k, v)
+        z = y
+        if self.xsa_on:
+            z = exclusive_self_attention(y, v if self.xsa_value_source == "mixed" else v_plain, self.alpha(), self.xsa_eps)
+        if self.probe is not None:
+            self.probe.record(y=y, z=z, v=v)
+        return self.c_proj(z.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+        self.relu2 = config.mlp_activation == "relu2"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.c_fc(x)
+        h = F.relu(h).square() if self.relu2 else F.gelu(h)
+        return self.c_proj(h)
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp = MLP(config)
+
+    def forward(self, x, ve, cos_sin):
+        x = x + self.attn(norm(x), ve, cos_sin)
+        return x + self.mlp(norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, config.n_embd) for i in config.ve_layers})
+        self.resid_lambdas = self.x0_lambdas = None
+        if config.resid_scalars:
+            self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
+            self.x0_lambdas = nn.Parameter(torch.full((config.n_layer,), 0.1))
+        if config.rope:
+            cos, sin = rotary_cos_sin(config.sequence_len, config.head_dim, config.rope_base)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self):
+        """nanochat's init: uniform hidden matrices with the std of N(0, 1/n_embd), zero output projections."""
+        c = self.config
+        bound = math.sqrt(3) * c.n_embd**-0.5
+        if c.tie_embeddings:
+            nn.init.normal_(self.wte.weight, std=0.02)  # one matrix serves both ends: GPT-2's init
+        else:
+            nn.init.normal_(self.wte.weight, std=1.0)
+            nn.init.normal_(self.lm_head.weight, std=0.001)
+        for block in self.blocks:
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+                nn.init.uniform_(lin.weight, -bound, bound)
+            for lin in (block.attn.c_proj, block.mlp.c_proj):
+                if c.zero_init_proj:
+                    nn.init.zeros_(lin.weight)
+                else:
+                    nn.init.uniform_(lin.weight, -bound, bound)
+            if block.attn.ve_gate is not None:
+                nn.init.zeros_(block.attn.ve_gate.weight)
+        for emb in self.value_embeds.values():
+            nn.init.uniform_(emb.weight, -bound, bound)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_reduction: str = "mean"):
+        """Logits (B, T, V) in fp32, or the cross-entropy against targets (-1 = ignore)."""
+        T = idx.size(1)
+        if T > self.config.sequence_len:
+            raise ValueError(f"input of {T} tokens exceeds model.sequence_len={self.config.sequence_len}")
+        cos_sin = (self.rope_cos, self.rope_sin) if self.config.rope else None
+        x = norm(self.wte(idx))
+        x0 = x
+        for i, block in enumerate(self.blocks):
+            if self.resid_lambdas is not None:
+                x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+            ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
+            x = block(x, ve, cos_sin)
+        logits = self.lm_head(norm(x)).float()
+        if self.config.logit_softcap:
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=loss_reduction)
+
+    def named_param_groups(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
+        """Every parameter under exactly one role; the optimizer assigns lr and algorithm per role."""
+        groups: dict[str, list] = {"matrix": [], "embedding": [], "value_embedding": [], "unembedding": [],
+                                   "resid_scalar": [], "x0_scalar": [], "xsa_alpha": []}
+        for name, p in self.named_parameters():
+            if name.endswith("xsa_theta"):
+                role = "xsa_alpha"
+            elif name.startswith("blocks.") and p.ndim == 2:
+                role = "matrix"
+            elif name == "wte.weight":
+                role = "embedding"
+            elif name.startswith("value_embeds."):
+                role = "value_embedding"
+            elif name == "lm_head.weight":
+                role = "unembedding"
+            elif name == "resid_lambdas":
+                role = "resid_scalar"
+            elif name == "x0_lambdas":
+                role = "x0_scalar"
+            else:
+                raise RuntimeError(f"parameter {name} has no optimizer role; add it to GPT.named_param_groups")
+            groups[role].append((name, p))
+        return {role: params for role, params in groups.items() if params}
+
+    def param_counts(self) -> dict[str, int]:
+        counts = {role: sum(p.numel() for _, p in params) for role, params in self.named_param_groups().items()}
+        return {
+            "total": sum(p.numel() for p in self.parameters()),
+            "hidden matrices": counts.get("matrix", 0),
+            "embeddings (wte + lm_head)": counts.get("embedding", 0) + counts.get("unembedding", 0),
+            "value embeddings": counts.get("value_embedding", 0),
+            "scalars": sum(counts.get(r, 0) for r in ("resid_scalar", "x0_scalar", "xsa_alpha")),
+        }

@@ -1,0 +1,33 @@
+"""Route every model parameter to one param group of MuonAdamW, by its role in the GPT."""
+
+from __future__ import annotations
+
+from xsa_exp.optim.muon_adamw import MuonAdamW
+
+# Roles whose AdamW lr shrinks with width as (n_embd / 768)^-0.5, as nanochat does; scalars keep theirs.
+WIDTH_SCALED_ROLES = ("embedding", "value_embedding", "unembedding")
+
+
+def build_param_groups(model, optim_cfg) -> list[dict]:
+    width_scale = (model.config.n_embd / 768) ** -0.5 if optim_cfg.width_lr_scaling else 1.0
+    adamw = optim_cfg.adamw
+    groups = []
+    for role, named in model.named_param_groups().items():
+        params = [p for _, p in named]
+        lr = float(optim_cfg.lr[role])
+        if role == "matrix" and optim_cfg.matrix_algorithm == "muon":
+            muon = optim_cfg.muon
+            groups.append(dict(role=role, algorithm="muon", params=params, lr=lr, momentum=float(muon.momentum),
+                               nesterov=bool(muon.nesterov), ns_steps=int(muon.ns_steps),
+                               ns_coefficients=str(muon.ns_coefficients), weight_decay=float(muon.weight_decay)))
+            continue
+        if role in WIDTH_SCALED_ROLES:
+            lr *= width_scale
+        wd = float(adamw.matrix_weight_decay if role == "matrix" else adamw.weight_decay)
+        groups.append(dict(role=role, algorithm="adamw", params=params, lr=lr, betas=tuple(adamw.betas),
+                           eps=float(adamw.eps), weight_decay=wd))
+    return groups
+
+
+def build_optimizer(model, optim_cfg) -> MuonAdamW:
+    return MuonAdamW(build_param_groups(model, optim_cfg))

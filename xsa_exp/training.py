@@ -1,0 +1,126 @@
+"""One training run: config in, run directory out (config, metrics.csv, final checkpoint, tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from xsa_exp.callbacks import TrainMetrics, ValidationBPB
+from xsa_exp.config import ConfigError, grad_accumulation, validate
+from xsa_exp.data.datamodule import TextDataModule
+from xsa_exp.lightning_module import LanguageModel
+from xsa_exp.model import GPT, GPTConfig
+
+
+def resolve_max_steps(train_cfg: DictConfig, model: GPT) -> int:
+    if train_cfg.max_steps:
+        return int(train_cfg.max_steps)
+    if train_cfg.target_tokens:
+        return max(1, int(train_cfg.target_tokens) // train_cfg.total_batch_tokens)
+    counts = model.param_counts()
+    scaling_params = counts["hidden matrices"] + model.lm_head.weight.numel()
+    return max(1, round(train_cfg.param_data_ratio * scaling_params / train_cfg.total_batch_tokens))
+
+
+def resolve_precision(trainer_cfg: DictConfig) -> str:
+    if trainer_cfg.precision != "auto":
+        return str(trainer_cfg.precision)
+    on_cuda = torch.cuda.is_available() and trainer_cfg.accelerator in ("auto", "gpu", "cuda")
+    return "bf16-mixed" if on_cuda else "32-true"
+
+
+def run_summary(cfg: DictConfig) -> dict:
+    """The arm of a run in a few top-level keys, for grouping and filtering in wandb and the report."""
+    layers = cfg.xsa.layers if isinstance(cfg.xsa.layers, (str, int)) else list(cfg.xsa.layers)
+    return {"depth": cfg.depth_name, "alpha": cfg.xsa.alpha, "learnable": cfg.xsa.learnable, "layers": layers,
+            "value_source": cfg.xsa.value_source, "optim": cfg.optim.matrix_algorithm, "seed": cfg.seed}
+
+
+def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict) -> list:
+    loggers = [CSVLogger(save_dir=str(run_dir), name="", version="")]
+    if cfg.logger.wandb is not None:
+        w = cfg.logger.wandb
+        # Offline unless the user has a key or chose a mode: runs never block on the network.
+        offline = "WANDB_API_KEY" not in os.environ and "WANDB_MODE" not in os.environ
+        logger = WandbLogger(project=w.project, group=w.group, name=w.name or run_dir.name, tags=list(w.tags),
+                             save_dir=str(run_dir), offline=offline)
+        logger.log_hyperparams({**summary, "config": OmegaConf.to_container(cfg, resolve=True)})
+        loggers.append(logger)
+    return loggers
+
+
+def print_start(model: GPT, cfg: DictConfig, run: dict) -> None:
+    lines = ["parameters:"] + [f"  {name:<28}{count:>14,}" for name, count in model.param_counts().items()]
+    layers = model.config.xsa_layers
+    if model.config.xsa_learnable:
+        arm = f"learnable alpha = tanh(theta), theta_0 = {model.config.xsa_theta_init}"
+    else:
+        arm = f"alpha = {model.config.xsa_alpha}" + (" (standard attention)" if model.config.xsa_alpha == 0 else "")
+    lines.append(f"xsa: {arm}; layers {cfg.xsa.layers} -> {layers if layers else 'none'} of {model.config.n_layer}; "
+                 f"value source {model.config.xsa_value_source}")
+    lines.append(f"optimizer: {'Muon for hidden matrices + AdamW' if cfg.optim.matrix_algorithm == 'muon' else 'AdamW for everything'}")
+    lines.append(f"schedule: {run['max_steps']} steps x {run['tokens_per_step']:,} tokens "
+                 f"({run['max_steps'] * run['tokens_per_step']:,} tokens), grad accumulation {run['grad_accumulation']}, "
+                 f"precision {run['precision']}")
+    lines.append(f"run directory: {run['run_dir']}")
+    rank_zero_info("\n".join(lines))
+
+
+def train(cfg: DictConfig, run_dir: Path) -> Path:
+    """Train one model as configured; returns the run directory."""
+    validate(cfg)
+    run_dir = Path(run_dir).resolve()
+    if (run_dir / "config.yaml").exists():
+        raise ConfigError(f"run directory {run_dir} already holds a run; nothing was overwritten — choose a new hydra.run.dir")
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
+    max_steps = resolve_max_steps(cfg.train, model)
+    summary = run_summary(cfg)
+    run = {"run_dir": str(run_dir), "max_steps": max_steps, "tokens_per_step": cfg.train.total_batch_tokens,
+           "grad_accumulation": grad_accumulation(cfg), "precision": resolve_precision(cfg.trainer),
+           "xsa_layers": model.config.xsa_layers, "param_counts": model.param_counts(), **summary}
+    print_start(model, cfg, run)
+    save_run_files(run_dir, cfg, run)
+
+    datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size,
+                                cfg.train.device_batch_size, cfg.seed, cfg.cache_dir)
+    module = LanguageModel(model, cfg.optim, max_steps, OmegaConf.to_container(cfg, resolve=True))
+    if cfg.train.compile:
+        model.compile()
+    trainer = L.Trainer(
+        accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
+        precision=run["precision"], max_steps=max_steps, accumulate_grad_batches=run["grad_accumulation"],
+        gradient_clip_val=cfg.train.grad_clip or None, logger=build_loggers(cfg, run_dir, summary),
+        callbacks=[TrainMetrics(cfg.train.total_batch_tokens, cfg.log.ema_beta, cfg.log.print_every),
+                   ValidationBPB(cfg.eval.every, cfg.eval.val_tokens, cfg.train.total_batch_tokens)],
+        limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=str(run_dir))
+    # The run directory is ours and new; CSVLogger's "not empty" warning is about our config files.
+    warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+    trainer.fit(module, datamodule=datamodule)
+    trainer.save_checkpoint(run_dir / "checkpoints" / "final.ckpt")
+    save_tokenizer(run_dir, datamodule)
+    rank_zero_info(f"done: metrics {run_dir / 'metrics.csv'}, checkpoint {run_dir / 'checkpoints' / 'final.ckpt'}")
+    return run_dir
+
+
+@rank_zero_only
+def save_run_files(run_dir: Path, cfg: DictConfig, run: dict) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run_dir / "run.json").write_text(json.dumps(run, indent=1))
+
+
+@rank_zero_only
+def save_tokenizer(run_dir: Path, datamodule: TextDataModule) -> None:
+    """Copy the tokenizer next to the checkpoint, so the run stays usable after the cache is cleared."""
+    shutil.copytree(datamodule.tokenizer_dir, run_dir / "tokenizer", dirs_exist_ok=True)
