@@ -10,8 +10,9 @@ GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "
 
 
 @pytest.mark.parametrize("group, option", [(g, o.stem) for g in GROUPS for o in sorted((CONF_DIR / g).glob("*.yaml"))])
-def test_every_config_group_option_composes_and_validates(group, option):
-    cfg = compose_config(f"{group}={option}")
+def test_every_config_group_option_composes_and_validates(group, option, tmp_path):
+    (tmp_path / "core.yaml").touch()  # presets that run CORE during training check that a bundle is there
+    cfg = compose_config(f"{group}={option}", f"eval.bundle_dir={tmp_path}")
     validate(cfg)
     assert cfg.model.n_embd % cfg.model.n_head == 0
 
@@ -37,6 +38,11 @@ def test_bad_values_raise_one_line_naming_the_key(override, message):
     with pytest.raises(ConfigError) as info:
         validate(compose_config(override))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_core_during_training_needs_a_bundle(tmp_path):
+    with pytest.raises(ConfigError, match="eval.core_every=2000 needs the CORE eval bundle, not found at"):
+        validate(compose_config("depth=d12", f"eval.bundle_dir={tmp_path}"))
 
 
 def test_missing_package_is_named(monkeypatch):

@@ -1,6 +1,7 @@
 """End-to-end training runs on the embedded corpus (small model, a few steps)."""
 
 import csv
+import json
 import subprocess
 import sys
 
@@ -79,7 +80,7 @@ def test_alpha_zero_and_no_xsa_layers_give_identical_curves(small_cfg, tmp_path)
         rows = read_rows(train(small_cfg(override), tmp_path / name))
         curves.append([(r["step"], r["train/loss"], r["val/bpb"]) for r in rows])
     assert curves[0] == curves[1]
-    assert len(curves[0]) == 6 + 3  # 6 train rows + val at 0, 3, 6
+    assert len(curves[0]) == 6 + 3 + 2  # 6 train rows, val at 0, 3, 6, diagnostics at 0 and 6
 
 
 def test_xsa_changes_training(small_cfg, tmp_path):
@@ -97,5 +98,37 @@ def test_train_py_runs_as_a_command(tmp_path):
     result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *SMALL, "train.max_steps=2",
                              "eval.every=1"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "val bpb" in result.stderr + result.stdout
-    assert [r["step"] for r in read_rows(run_dir)] == ["0", "1", "1", "2", "2"]
+    assert "val/bpb" in result.stderr + result.stdout
+    assert [r["step"] for r in read_rows(run_dir) if r["train/loss"] or r["val/bpb"]] == ["0", "1", "1", "2", "2"]
+
+
+def test_xsa_op_executed_at_alpha_zero_matches_standard_attention(small_cfg, tmp_path, monkeypatch):
+    """The correctness run: the XSA code path run with alpha = 0 vs standard attention, same seed."""
+    from xsa_exp.model import gpt
+
+    standard = read_rows(train(small_cfg("xsa.layers=none"), tmp_path / "standard"))
+    original_init = gpt.CausalSelfAttention.__init__
+
+    def forced(self, config, layer_idx):
+        original_init(self, config, layer_idx)
+        self.xsa_on = True  # run the op even though alpha = 0 would skip it
+
+    monkeypatch.setattr(gpt.CausalSelfAttention, "__init__", forced)
+    calls = []
+    real_op = gpt.exclusive_self_attention
+    monkeypatch.setattr(gpt, "exclusive_self_attention", lambda *a, **k: calls.append(1) or real_op(*a, **k))
+    xsa_path = read_rows(train(small_cfg("xsa.alpha=0"), tmp_path / "xsa0"))
+    assert calls
+    keys = ("step", "train/loss", "val/bpb")
+    assert [[r[k] for k in keys] for r in standard] == [[r[k] for k in keys] for r in xsa_path]
+
+
+def test_alpha_one_run_logs_out_self_cos_near_zero(xsa_run):
+    rows = [r for r in read_rows(xsa_run) if r.get("diag/out_self_cos")]
+    assert [int(r["step"]) for r in rows] == [0, 8]
+    for r in rows:
+        assert abs(float(r["diag/out_self_cos"])) < 1e-4
+        assert all(abs(float(r[f"diag/out_self_cos/L{i}"])) < 1e-4 for i in range(2))
+    assert abs(float(rows[-1]["diag/attn_self_cos"])) > 0.05
+    lines = (xsa_run / "diagnostics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and len(json.loads(lines[0])["diag_attn"]) == 2

@@ -7,12 +7,15 @@ at the last step. Every row carries tokens_seen = step x total_batch_tokens.
 
 from __future__ import annotations
 
+import json
 import time
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from xsa_exp.eval.bpb import evaluate_bpb
+from xsa_exp.eval.core import evaluate_core
+from xsa_exp.eval.diagnostics import attention_diagnostics, flatten_diagnostics
 
 
 def log_row(trainer: L.Trainer, metrics: dict[str, float], step: int, tokens_per_step: int) -> None:
@@ -67,28 +70,90 @@ class TrainMetrics(L.Callback):
         self.last_step, self.update_started = step, None
 
 
-class ValidationBPB(L.Callback):
-    """Validation bits-per-byte at step 0, every `every` steps and at the last step."""
+class ScheduledEvaluation(L.Callback):
+    """Runs `measure` at step 0 (before any update), every `every` steps and at the last step; every <= 0 turns it off."""
 
-    def __init__(self, every: int, val_tokens: int, tokens_per_step: int):
-        self.every, self.val_tokens, self.tokens_per_step = every, val_tokens, tokens_per_step
+    name = "evaluation"
+
+    def __init__(self, every: int, tokens_per_step: int):
+        self.every, self.tokens_per_step = every, tokens_per_step
         self.last_step = -1
 
-    def evaluate(self, trainer, pl_module) -> None:
+    def measure(self, trainer, pl_module) -> dict[str, float]:
+        raise NotImplementedError
+
+    def run(self, trainer, pl_module) -> None:
         step = trainer.global_step
+        row = self.measure(trainer, pl_module)
+        log_row(trainer, row, step, self.tokens_per_step)
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in row.items() if self.headline(k))
+        rank_zero_info(f"step {step:>6}/{trainer.max_steps} | {shown}")
+        self.last_step = step
+
+    def headline(self, key: str) -> bool:
+        """Whether a metric goes on the console line (all go to the loggers)."""
+        return True
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.every > 0 and trainer.global_step == 0:
+            self.run(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if self.every > 0 and step != self.last_step and (step % self.every == 0 or step == trainer.max_steps):
+            self.run(trainer, pl_module)
+
+
+class ValidationBPB(ScheduledEvaluation):
+    """Validation bits-per-byte over the first `val_tokens` of the validation split."""
+
+    def __init__(self, every: int, val_tokens: int, tokens_per_step: int):
+        super().__init__(every, tokens_per_step)
+        self.val_tokens = val_tokens
+
+    def measure(self, trainer, pl_module) -> dict[str, float]:
         datamodule = trainer.datamodule
         batches = datamodule.val_batches(self.val_tokens, trainer.global_rank, trainer.world_size)
         # Same autocast as training (bf16-mixed on CUDA), so the numbers match evaluate.py's.
         bpb = evaluate_bpb(pl_module.model, batches, datamodule.token_bytes, trainer.precision_plugin.forward_context)
-        log_row(trainer, {"val/bpb": bpb}, step, self.tokens_per_step)
-        rank_zero_info(f"step {step:>6}/{trainer.max_steps} | val bpb {bpb:.4f}")
-        self.last_step = step
+        return {"val/bpb": bpb}
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        if trainer.global_step == 0:
-            self.evaluate(trainer, pl_module)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if step != self.last_step and (step % self.every == 0 or step == trainer.max_steps):
-            self.evaluate(trainer, pl_module)
+class CoreEvaluation(ScheduledEvaluation):
+    """CORE on the eval bundle, capped at max_per_task examples per task (nanochat uses 500 in training)."""
+
+    def __init__(self, every: int, tokens_per_step: int, bundle_dir, max_per_task: int | None):
+        super().__init__(every, tokens_per_step)
+        self.bundle_dir, self.max_per_task = bundle_dir, max_per_task
+
+    def measure(self, trainer, pl_module) -> dict[str, float]:
+        model = pl_module.model
+        with trainer.precision_plugin.forward_context():
+            result = evaluate_core(model, trainer.datamodule.tokenizer, self.bundle_dir, model.config.sequence_len,
+                                   self.max_per_task)
+        # The key says how many of the 22 tasks it covers, so a partial CORE is never read as the full one.
+        key = "core/CORE" if result.n_tasks == result.n_total else f"core/CORE_{result.n_tasks}of{result.n_total}"
+        return {key: result.core, **{f"core/{label}": t.centered for label, t in result.tasks.items()}}
+
+    def headline(self, key: str) -> bool:
+        return key.startswith("core/CORE")
+
+
+class AttentionDiagnostics(ScheduledEvaluation):
+    """attn_self_cos, out_self_cos, diag_attn, value_sim, attn_entropy on a fixed validation batch:
+    per layer (head mean) and overall in the metrics; every head in diagnostics.jsonl."""
+
+    def __init__(self, every: int, tokens_per_step: int, rows: int, jsonl_path):
+        super().__init__(every, tokens_per_step)
+        self.rows, self.jsonl_path = rows, jsonl_path
+
+    def measure(self, trainer, pl_module) -> dict[str, float]:
+        idx = trainer.datamodule.val_rows_head(self.rows)[:, :-1].to(pl_module.device)
+        diag = attention_diagnostics(pl_module.model, idx, trainer.precision_plugin.forward_context)
+        if trainer.is_global_zero:
+            with open(self.jsonl_path, "a") as f:
+                f.write(json.dumps({"step": trainer.global_step, **{k: v.tolist() for k, v in diag.items()}}) + "\n")
+        return {k: v for k, v in flatten_diagnostics(diag).items() if "/H" not in k}
+
+    def headline(self, key: str) -> bool:
+        return "/L" not in key

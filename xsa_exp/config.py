@@ -87,8 +87,15 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("optim.schedule.warmup_frac + warmdown_frac exceeds 1; shorten one of them")
     for key in ("total_batch_tokens", "device_batch_size"):
         _positive_int(cfg.train[key], f"train.{key}")
-    for key in ("every", "val_tokens"):
+    for key in ("val_tokens", "diag_rows", "core_max_per_task"):
         _positive_int(cfg.eval[key], f"eval.{key}")
+    if cfg.eval.core_every > 0:
+        from xsa_exp.eval.core import resolve_bundle_dir
+
+        bundle = resolve_bundle_dir(cfg.eval.bundle_dir)
+        if not (bundle / "core.yaml").is_file():
+            raise ConfigError(f"eval.core_every={cfg.eval.core_every} needs the CORE eval bundle, not found at {bundle}; "
+                              "run `python -m xsa_exp.eval.core download`, set eval.bundle_dir, or use eval.core_every=0")
     if cfg.train.max_steps is not None:
         _positive_int(cfg.train.max_steps, "train.max_steps")
     if not 0.0 <= cfg.log.ema_beta < 1.0:

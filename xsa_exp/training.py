@@ -14,9 +14,10 @@ from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from xsa_exp.callbacks import TrainMetrics, ValidationBPB
+from xsa_exp.callbacks import AttentionDiagnostics, CoreEvaluation, TrainMetrics, ValidationBPB
 from xsa_exp.config import ConfigError, grad_accumulation, validate
 from xsa_exp.data.datamodule import TextDataModule
+from xsa_exp.eval.core import resolve_bundle_dir
 from xsa_exp.lightning_module import LanguageModel
 from xsa_exp.model import GPT, GPTConfig
 
@@ -100,8 +101,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
         accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
         precision=run["precision"], max_steps=max_steps, accumulate_grad_batches=run["grad_accumulation"],
         gradient_clip_val=cfg.train.grad_clip or None, logger=build_loggers(cfg, run_dir, summary),
-        callbacks=[TrainMetrics(cfg.train.total_batch_tokens, cfg.log.ema_beta, cfg.log.print_every),
-                   ValidationBPB(cfg.eval.every, cfg.eval.val_tokens, cfg.train.total_batch_tokens)],
+        callbacks=build_callbacks(cfg, run_dir),
         limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=str(run_dir))
     # The run directory is ours and new; CSVLogger's "not empty" warning is about our config files.
@@ -111,6 +111,16 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     save_tokenizer(run_dir, datamodule)
     rank_zero_info(f"done: metrics {run_dir / 'metrics.csv'}, checkpoint {run_dir / 'checkpoints' / 'final.ckpt'}")
     return run_dir
+
+
+def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
+    """Train metrics first, so each step's train row precedes its evaluation rows."""
+    tokens = cfg.train.total_batch_tokens
+    e = cfg.eval
+    return [TrainMetrics(tokens, cfg.log.ema_beta, cfg.log.print_every),
+            ValidationBPB(e.every, e.val_tokens, tokens),
+            AttentionDiagnostics(e.diag_every, tokens, e.diag_rows, run_dir / "diagnostics.jsonl"),
+            CoreEvaluation(e.core_every, tokens, resolve_bundle_dir(e.bundle_dir), e.core_max_per_task)]
 
 
 @rank_zero_only

@@ -60,7 +60,9 @@ def pack_documents(tokenizer: Tokenizer, texts: list[str]) -> torch.Tensor:
 
 
 class TextDataModule(L.LightningDataModule):
-    def __init__(self, data_cfg, sequence_len: int, vocab_size: int, device_batch_size: int, seed: int, cache_dir: str):
+    def __init__(self, data_cfg, sequence_len: int, vocab_size: int, device_batch_size: int, seed: int, cache_dir: str,
+                 tokenizer_dir: Path | None = None):
+        """tokenizer_dir: use this trained tokenizer (a run's own copy) instead of the cache."""
         super().__init__()
         if data_cfg.name != "sample":
             raise ValueError(f"data={data_cfg.name} is not available in this version; use data=sample")
@@ -69,18 +71,23 @@ class TextDataModule(L.LightningDataModule):
         self.cache_dir = Path(cache_dir).expanduser()
         self.tokenizer_key = f"{data_cfg.name}-{sample_corpus_fingerprint()}-v{vocab_size}"
         self.tokenizer: Tokenizer | None = None
+        self.tokenizer_dir = tokenizer_dir
 
     def prepare_data(self) -> None:
         # Runs on one process per node: train the tokenizer once, the other ranks load it in setup().
-        load_or_train_tokenizer(self.cache_dir, self.tokenizer_key, self.vocab_size,
+        if self.tokenizer_dir is None:
+            load_or_train_tokenizer(self.cache_dir, self.tokenizer_key, self.vocab_size,
                                 lambda: load_sample_corpus()["train"]["text"])
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:
             return
         corpus = load_sample_corpus()
-        self.tokenizer, self.tokenizer_dir = load_or_train_tokenizer(
-            self.cache_dir, self.tokenizer_key, self.vocab_size, lambda: corpus["train"]["text"])
+        if self.tokenizer_dir is not None:
+            self.tokenizer = Tokenizer.load(self.tokenizer_dir)
+        else:
+            self.tokenizer, self.tokenizer_dir = load_or_train_tokenizer(
+                self.cache_dir, self.tokenizer_key, self.vocab_size, lambda: corpus["train"]["text"])
         if self.tokenizer.vocab_size != self.vocab_size:
             raise ValueError(f"tokenizer at {self.tokenizer_dir} has {self.tokenizer.vocab_size} tokens, model.vocab_size is {self.vocab_size}")
         self.token_bytes = self.tokenizer.token_bytes()
@@ -98,6 +105,10 @@ class TextDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_rows, batch_size=self.device_batch_size,
                           sampler=ShuffledRowSampler(len(self.train_rows), self.seed))
+
+    def val_rows_head(self, n_rows: int) -> torch.Tensor:
+        """The first n_rows validation rows (B, T + 1): the fixed batch of the attention diagnostics."""
+        return self.val_rows.rows[:n_rows].long()
 
     def val_batches(self, max_tokens: int, rank: int = 0, world_size: int = 1) -> list[torch.Tensor]:
         """The first ceil(max_tokens / sequence_len) validation rows (all if fewer), this rank's share, batched."""

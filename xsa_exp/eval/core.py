@@ -431,3 +431,25 @@ def evaluate_core(model: torch.nn.Module, tokenizer: Tokenizer, bundle_dir: str 
     finally:
         model.train(was_training)
     return CoreResult.from_tasks(results, examples)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m xsa_exp.eval.core download [--dest DIR]`: fetch the public CORE eval bundle."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m xsa_exp.eval.core", description="CORE eval bundle tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+    download = commands.add_parser("download", help=f"download {BUNDLE_URL}")
+    download.add_argument("--dest", default=None, help=f"target folder (default: ${BUNDLE_ENV}, else {DEFAULT_BUNDLE_DIR})")
+    args = parser.parse_args(argv)
+    try:
+        path = download_bundle(resolve_bundle_dir(args.dest))
+    except BundleError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(f"CORE eval bundle ready at {path}; point eval.bundle_dir or ${BUNDLE_ENV} at it if it is not the default")
+
+
+if __name__ == "__main__":
+    main()

@@ -49,7 +49,7 @@ class AttentionProbe:
         # fp32 even under autocast: these probabilities are what we measure.
         with torch.autocast(q.device.type, enabled=False):
             scores = (q.float() @ k.float().transpose(-2, -1)) * q.size(-1) ** -0.5
-            causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril(1)
+            causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
             a = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
             y = a @ v.float()
         self._add("diag_attn", a.diagonal(dim1=-2, dim2=-1))

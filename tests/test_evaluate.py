@@ -1,0 +1,108 @@
+"""evaluate.py end to end on a short trained run."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, SMALL, compose_config
+from xsa_exp.checkpoints import RunError, load_run
+from xsa_exp.evaluation import EvaluationError, evaluate
+from xsa_exp.training import train
+
+pytestmark = pytest.mark.slow
+BUNDLE = Path(os.environ.get("XSA_EXP_EVAL_BUNDLE", REPO.parent / "shared" / "eval_bundle"))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return train(compose_config(*SMALL, "train.max_steps=4", "eval.every=2"), tmp_path_factory.mktemp("ev") / "run")
+
+
+def eval_cfg(run, *overrides):
+    from hydra import compose, initialize_config_dir
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="evaluate", overrides=[f"run={run}", *overrides])
+
+
+def last_val_bpb(run_dir):
+    with open(run_dir / "metrics.csv") as f:
+        return [float(r["val/bpb"]) for r in csv.DictReader(f) if r["val/bpb"]][-1]
+
+
+def test_bpb_equals_the_training_log_for_the_same_checkpoint(run_dir):
+    out = evaluate(eval_cfg(run_dir, "metrics=[bpb]"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["step"] == 4
+    assert summary["metrics"]["val/bpb"] == pytest.approx(last_val_bpb(run_dir), rel=1e-9)
+
+
+def test_diagnostics_per_layer_and_head(run_dir):
+    out = evaluate(eval_cfg(run_dir, "metrics=[diagnostics]"))
+    with open(out / "diagnostics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["layer"], r["head"]) for r in rows] == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+    assert all(abs(float(r["out_self_cos"])) < 1e-4 for r in rows)  # alpha = 1 in every layer
+
+
+@pytest.mark.skipif(not (BUNDLE / "core.yaml").is_file(), reason=f"eval bundle not found at {BUNDLE}; CORE tests need ../shared/eval_bundle")
+def test_core_on_the_real_bundle_writes_per_task_and_per_example_results(run_dir):
+    out = evaluate(eval_cfg(run_dir, "metrics=[core]", f"core.bundle_dir={BUNDLE}", "core.max_per_task=2"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["core"]["name"] == "CORE 18/22" and "CORE 18/22" in summary["metrics"]
+    with open(out / "core_tasks.csv") as f:
+        assert len(list(csv.DictReader(f))) == 18
+    examples = [json.loads(line) for line in (out / "core_examples.jsonl").read_text().splitlines()]
+    assert len(examples) == 36 and {"task", "index", "correct", "losses"} <= set(examples[0])
+
+
+def test_results_never_overwrite_earlier_ones(run_dir):
+    first = evaluate(eval_cfg(run_dir, "metrics=[bpb]"))
+    before = {p: p.read_bytes() for p in first.iterdir()}
+    metrics_before = (run_dir / "metrics.csv").read_bytes()
+    second = evaluate(eval_cfg(run_dir, "metrics=[bpb]"))
+    assert second != first and {p: p.read_bytes() for p in first.iterdir()} == before
+    assert (run_dir / "metrics.csv").read_bytes() == metrics_before
+
+
+def test_missing_bundle_is_one_clear_error(run_dir, tmp_path):
+    with pytest.raises(EvaluationError, match="CORE needs the eval bundle, not found at"):
+        evaluate(eval_cfg(run_dir, "metrics=[core]", f"core.bundle_dir={tmp_path}"))
+
+
+def test_unknown_metric(run_dir):
+    with pytest.raises(EvaluationError, match="allowed: bpb, core, diagnostics"):
+        evaluate(eval_cfg(run_dir, "metrics=[perplexity]"))
+
+
+def test_truncated_and_mismatched_checkpoints(run_dir, tmp_path):
+    good = run_dir / "checkpoints" / "final.ckpt"
+    with pytest.raises(RunError, match="no such run directory or checkpoint"):
+        load_run(tmp_path / "nothing")
+    truncated = tmp_path / "run" / "checkpoints" / "cut.ckpt"
+    truncated.parent.mkdir(parents=True)
+    truncated.write_bytes(good.read_bytes()[:5000])
+    with pytest.raises(RunError, match="truncated or corrupt"):
+        load_run(truncated)
+    ckpt = torch.load(good, weights_only=False)
+    ckpt["xsa_exp"]["config"]["model"]["n_layer"] = 3
+    mismatched = tmp_path / "run" / "checkpoints" / "other.ckpt"
+    torch.save(ckpt, mismatched)
+    with pytest.raises(RunError, match="does not match its config"):
+        load_run(mismatched)
+
+
+def test_evaluate_py_command(run_dir, tmp_path):
+    ok = subprocess.run([sys.executable, "evaluate.py", f"run={run_dir}", "metrics=[bpb]"], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "val/bpb" in ok.stdout and "results:" in ok.stdout
+    bad = subprocess.run([sys.executable, "evaluate.py", f"run={tmp_path / 'missing'}"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [f"error: no such run directory or checkpoint: {tmp_path / 'missing'}"]

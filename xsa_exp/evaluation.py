@@ -1,0 +1,128 @@
+"""evaluate.py's work: rebuild a trained model from its run, measure it, write the results into the run.
+
+Results go to <run>/eval/<checkpoint>-step<N>-<time>/, a new folder each time, so nothing that was
+there is touched: summary.json (every headline number), core_tasks.csv, core_examples.jsonl (one
+line per example, for paired comparisons between arms) and diagnostics.csv (layer, head, metrics).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from contextlib import nullcontext
+from functools import partial
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from xsa_exp.checkpoints import RunError, load_run
+from xsa_exp.data.datamodule import TextDataModule
+from xsa_exp.eval.bpb import evaluate_bpb
+from xsa_exp.eval.core import BundleError, evaluate_core, resolve_bundle_dir
+from xsa_exp.eval.diagnostics import METRICS as DIAGNOSTICS, attention_diagnostics
+
+KNOWN_METRICS = ("bpb", "core", "diagnostics")
+
+
+class EvaluationError(Exception):
+    pass
+
+
+def evaluate(cfg: DictConfig) -> Path:
+    metrics = list(cfg.metrics)
+    unknown = [m for m in metrics if m not in KNOWN_METRICS]
+    if unknown or not metrics:
+        raise EvaluationError(f"metrics={metrics} has unknown entries {unknown}; allowed: {', '.join(KNOWN_METRICS)}")
+    try:
+        run = load_run(cfg.run)
+    except RunError as e:
+        raise EvaluationError(str(e)) from None
+    bundle = resolve_bundle_dir(cfg.core.bundle_dir)
+    if "core" in metrics and not (bundle / "core.yaml").is_file():
+        raise EvaluationError(f"CORE needs the eval bundle, not found at {bundle}; run `python -m xsa_exp.eval.core download`, "
+                              "set core.bundle_dir or $XSA_EXP_EVAL_BUNDLE, or drop core from metrics")
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if cfg.device == "auto" else cfg.device)
+    model = run.model.to(device)
+    # The autocast training used on this device (bf16-mixed on CUDA), so bpb matches the training log.
+    autocast = partial(torch.autocast, "cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext
+    out_dir = new_directory(run.run_dir / "eval" / f"{run.checkpoint.stem}-step{run.step}-{time.strftime('%Y%m%d-%H%M%S')}")
+    summary: dict = {"run": str(run.run_dir), "checkpoint": str(run.checkpoint), "step": run.step, "metrics": {}}
+    c = run.config
+
+    data = None
+    if "bpb" in metrics or "diagnostics" in metrics:
+        data = TextDataModule(c.data, c.model.sequence_len, c.model.vocab_size, c.train.device_batch_size, c.seed,
+                              c.cache_dir, tokenizer_dir=run.run_dir / "tokenizer")
+        data.setup()
+    if "bpb" in metrics:
+        val_tokens = cfg.val_tokens or c.eval.val_tokens
+        summary["metrics"]["val/bpb"] = evaluate_bpb(model, data.val_batches(val_tokens), data.token_bytes, autocast)
+        summary["val_tokens"] = val_tokens
+    if "core" in metrics:
+        try:
+            result = evaluate_core(model, run.tokenizer, bundle, c.model.sequence_len, cfg.core.max_per_task,
+                                   progress=lambda t, done, total: print(f"  CORE {done}/{total} {t.label:<34} acc {t.accuracy:.4f} "
+                                                                          f"centered {t.centered:+.4f}", flush=True))
+        except BundleError as e:
+            raise EvaluationError(str(e)) from None
+        summary["metrics"][result.name] = result.core
+        summary["core"] = {"name": result.name, "n_tasks": result.n_tasks, "max_per_task": cfg.core.max_per_task,
+                           "bundle": str(bundle)}
+        write_csv(out_dir / "core_tasks.csv", [vars(t) for t in result.tasks.values()])
+        with open(out_dir / "core_examples.jsonl", "w") as f:
+            for example in result.examples:
+                f.write(json.dumps(example) + "\n")
+    if "diagnostics" in metrics:
+        rows = cfg.diag_rows or c.eval.diag_rows
+        diag = attention_diagnostics(model, data.val_rows_head(rows)[:, :-1].to(device), autocast)
+        n_layer, n_head = diag[DIAGNOSTICS[0]].shape
+        write_csv(out_dir / "diagnostics.csv", [{"layer": layer, "head": head, **{m: diag[m][layer, head].item() for m in DIAGNOSTICS}}
+                                                for layer in range(n_layer) for head in range(n_head)])
+        summary["metrics"].update({f"diag/{m}": diag[m].mean().item() for m in DIAGNOSTICS})
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    print_table(summary, out_dir)
+    if cfg.wandb:
+        log_to_wandb(c, run, summary)
+    return out_dir
+
+
+def new_directory(path: Path) -> Path:
+    """Create path, or path-2, path-3, ... if it exists: results never land in an existing folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    candidate, n = path, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = path.with_name(f"{path.name}-{n}")
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def print_table(summary: dict, out_dir: Path) -> None:
+    print(f"\n{summary['run']}  (step {summary['step']})")
+    for name, value in summary["metrics"].items():
+        print(f"  {name:<28}{value:>10.4f}")
+    print(f"results: {out_dir}")
+
+
+def log_to_wandb(config: DictConfig, run, summary: dict) -> None:
+    import wandb
+
+    w = config.logger.wandb or {"project": "xsa-exp", "group": None}
+    offline = "WANDB_API_KEY" not in os.environ and "WANDB_MODE" not in os.environ
+    with wandb.init(project=w["project"], group=w["group"], name=f"{run.run_dir.name}-eval", job_type="eval",
+                    dir=str(run.run_dir), mode="offline" if offline else None,
+                    config=OmegaConf.to_container(config, resolve=True)) as wb:
+        wb.log({**summary["metrics"], "trainer/global_step": summary["step"]})
