@@ -87,7 +87,7 @@ def test_truncated_and_mismatched_checkpoints(run_dir, tmp_path):
     truncated = tmp_path / "run" / "checkpoints" / "cut.ckpt"
     truncated.parent.mkdir(parents=True)
     truncated.write_bytes(good.read_bytes()[:5000])
-    with pytest.raises(RunError, match="truncated or corrupt"):
+    with pytest.raises(RunError, match="is truncated, corrupt or unreadable"):
         load_run(truncated)
     ckpt = torch.load(good, weights_only=False)
     ckpt["xsa_exp"]["config"]["model"]["n_layer"] = 3

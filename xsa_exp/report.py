@@ -41,11 +41,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure  # the object API renders with Agg and leaves pyplot's global state alone
-from matplotlib.ticker import MaxNLocator
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # its enumeration numbers the jobs
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from matplotlib.figure import Figure  # the object API renders with Agg and leaves pyplot's global state alone
+from matplotlib.ticker import MaxNLocator
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -213,7 +213,7 @@ def evaluations(path: Path) -> list[tuple[Path, dict]]:
             continue
         folder = summary_path.parent
         stamp = EVAL_TIME.search(folder.name)
-        found.append(((summary.get("step", 0), stamp.group(1) if stamp else "", folder.stat().st_mtime), folder, summary))
+        found.append(((summary["step"], stamp.group(1) if stamp else "", folder.stat().st_mtime), folder, summary))
     return [(folder, summary) for _, folder, summary in sorted(found, key=lambda f: f[0])]
 
 
@@ -527,8 +527,8 @@ def depth_section(depth: str, results: list[ArmResult], plots: list[tuple[str, s
     header = ["arm", "seeds", "steps"] + [cell for m in metrics for cell in (m, f"Δ {m}")]
     rows = []
     for r in results:
-        steps = sorted({run.steps for run in r.runs})
-        cells = [r.arm.label, ", ".join(str(run.seed) for run in r.runs), "–".join(f"{s:,}" for s in steps[::len(steps) - 1 or 1])]
+        low, high = min(run.steps for run in r.runs), max(run.steps for run in r.runs)
+        cells = [r.arm.label, ", ".join(str(run.seed) for run in r.runs), f"{low:,}" + (f"–{high:,}" if high > low else "")]
         for m in metrics:
             delta = r.delta(m)
             cells.append(fmt_estimate(r.values[m]) if m in r.values else "—")
@@ -618,10 +618,11 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
         at_depth = [r for r in results if r.depth == depth]
         plots = [("Training curves", f"curves_{slug(depth)}.png")]
         plot_curves(depth, at_depth, plots_dir / plots[0][1])
-        for title, file, plot in (("Attention diagnostics per layer (last diagnostics step)", f"diagnostics_{slug(depth)}.png", plot_diagnostics),
-                                  ("Final val bpb vs α", f"alpha_{slug(depth)}.png", plot_alpha)):
-            if plot(depth, at_depth, plots_dir / file):
-                plots.append((title, file))
+        optional = (("Attention diagnostics per layer (last diagnostics step)", "diagnostics", plot_diagnostics),
+                    ("Final val bpb vs α", "alpha", plot_alpha))
+        for title, name, plot in optional:
+            if plot(depth, at_depth, plots_dir / f"{name}_{slug(depth)}.png"):
+                plots.append((title, f"{name}_{slug(depth)}.png"))
         sections.append(depth_section(depth, at_depth, plots))
 
     with open(out_dir / "numbers.csv", "w", newline="") as f:
