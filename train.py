@@ -5,7 +5,8 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, open_dict
 
 from xsa_exp.config import check_group_options
 
@@ -16,7 +17,11 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 def main(cfg: DictConfig) -> None:
     from xsa_exp.training import train  # imported here so config errors stay fast
 
-    train(cfg, HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.wandb is not None and cfg.logger.wandb.group is None:
+        with open_dict(cfg):  # one wandb group per sweep, named like its directory
+            cfg.logger.wandb.group = Path(hydra_cfg.sweep.dir).name
+    train(cfg, hydra_cfg.runtime.output_dir)
 
 
 if __name__ == "__main__":

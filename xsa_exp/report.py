@@ -80,7 +80,8 @@ class Arm:
         if (not run["learnable"] and float(run["alpha"]) == 0) or not run["xsa_layers"]:
             return cls(run["optim"], 0.0, "", "")
         layers = run["layers"]
-        layers = layers if isinstance(layers, str) else ",".join(map(str, layers if isinstance(layers, list) else [layers]))
+        if not isinstance(layers, str):  # a list of layer indices, or one index
+            layers = ",".join(map(str, layers if isinstance(layers, list) else [layers]))
         return cls(run["optim"], None if run["learnable"] else float(run["alpha"]), layers, run["value_source"])
 
     @property
@@ -103,9 +104,10 @@ class Run:
     arm: Arm
     seed: int
     n_params: int
-    metrics: pd.DataFrame  # metrics.csv
-    finals: dict[str, float]  # "val/bpb", "CORE 18/22", "ChatCORE", ... -> final value
-    sources: dict[str, str | Path]  # metric -> "metrics.csv step N" or the eval folder it came from
+    metrics: pd.DataFrame  # metrics.csv as numbers
+    logged: pd.DataFrame  # which cells of metrics.csv a row logged (the others are empty)
+    finals: dict[str, float] = field(default_factory=dict)  # "val/bpb", "CORE 18/22", "ChatCORE", ... -> value
+    sources: dict[str, str | Path] = field(default_factory=dict)  # metric -> "metrics.csv step N" or eval folder
 
     @property
     def steps(self) -> int:
@@ -116,13 +118,13 @@ class Run:
         return int(self.metrics["tokens_seen"].max())
 
     def rows(self, column: str) -> pd.DataFrame:
-        """The rows of metrics.csv that have `column` (each row holds one logger call's keys)."""
-        return self.metrics.dropna(subset=[column]) if column in self.metrics else self.metrics.iloc[:0]
+        """The rows of metrics.csv that logged `column` (each row holds one logger call's keys)."""
+        return self.metrics[self.logged[column]] if column in self.metrics else self.metrics.iloc[:0]
 
     def diagnostics(self, name: str) -> pd.Series:
         """diag/{name}/L{i} of the last diagnostics row, indexed by layer (empty if never measured)."""
         columns = [c for c in self.metrics.columns if re.fullmatch(rf"diag/{name}/L\d+", c)]
-        rows = self.metrics[columns].dropna(how="all")
+        rows = self.metrics[columns][self.logged[columns].any(axis=1)]
         if rows.empty:
             return pd.Series(dtype=float)
         return pd.Series(rows.iloc[-1].to_numpy(), index=[int(c.rsplit("L", 1)[1]) for c in columns]).sort_index()
@@ -145,11 +147,11 @@ def discover(paths: list[Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
             jobs = expected_jobs(sweep)
             numbered = {int(d.name) for d in sweep.iterdir() if d.is_dir() and d.name.isdigit()}
             for num in sorted(set(jobs) | numbered):
-                job, overrides = sweep / str(num), f" ({jobs[num]})" if jobs.get(num) else ""
+                job, name = sweep / str(num), f"sweep job {num}" + (f" ({jobs[num]})" if jobs.get(num) else "")
                 if not job.is_dir():
-                    problems.append((job, f"missing: sweep job {num}{overrides} has no directory (never started, or queued)"))
+                    problems.append((job, f"missing: {name} has no directory (never started, or queued)"))
                 elif not (job / "run.json").is_file():
-                    problems.append((job, f"failed: sweep job {num}{overrides} has no run.json (stopped before training)"))
+                    problems.append((job, f"failed: {name} has no run.json (stopped before training)"))
     return sorted(runs), problems
 
 
@@ -176,31 +178,33 @@ def load_run(path: Path, label: str) -> Run:
         raise RunProblem(f"incomplete: no {' and no '.join(lacking)} (failed, or still running)")
     try:
         info = json.loads((path / "run.json").read_text())
-        metrics = pd.read_csv(path / "metrics.csv")
+        # Empty cells are keys a row did not log; "nan" is a logged NaN (a diverged run) and must stay visible.
+        raw = pd.read_csv(path / "metrics.csv", dtype=str, keep_default_na=False)
         arm, depth, seed = Arm.of(info), info["depth"], int(info["seed"])
     except (OSError, ValueError) as e:  # JSONDecodeError and pandas' parser errors are ValueErrors
         raise RunProblem(f"unreadable: {type(e).__name__}: {e}") from None
     except KeyError as e:
         raise RunProblem(f"run.json lacks {e}") from None
-    if metrics.empty or "step" not in metrics:
+    if raw.empty or "step" not in raw:
         raise RunProblem("metrics.csv has no rows")
-    finals, sources = final_values(path, metrics)
-    return Run(path, label, depth, arm, seed, int(info.get("param_counts", {}).get("total", 0)), metrics, finals, sources)
+    n_params = int(info.get("param_counts", {}).get("total", 0))
+    run = Run(path, label, depth, arm, seed, n_params, raw.apply(pd.to_numeric, errors="coerce"), raw != "")
+    add_final_values(run)
+    return run
 
 
-def final_values(path: Path, metrics: pd.DataFrame) -> tuple[dict[str, float], dict[str, str | Path]]:
-    finals, sources = {}, {}
-    if "val/bpb" in metrics and metrics["val/bpb"].notna().any():
-        last = metrics.dropna(subset=["val/bpb"]).iloc[-1]
-        finals["val/bpb"], sources["val/bpb"] = float(last["val/bpb"]), f"metrics.csv step {int(last['step'])}"
-    last_step = int(metrics["step"].max())
-    for folder, summary in evaluations(path):
-        if summary["step"] < last_step:  # an earlier checkpoint: not the run's final numbers
+def add_final_values(run: Run) -> None:
+    """val/bpb of the last val row, then the evaluations of the run's last step (newest last) on top."""
+    val = run.rows("val/bpb")
+    if not val.empty:
+        run.finals["val/bpb"] = float(val["val/bpb"].iloc[-1])
+        run.sources["val/bpb"] = f"metrics.csv step {int(val['step'].iloc[-1])}"
+    for folder, summary in evaluations(run.path):
+        if summary["step"] < run.steps:  # an earlier checkpoint: not the run's final numbers
             continue
         for name, value in summary["metrics"].items():
             if name == "val/bpb" or HEADLINE.fullmatch(name):
-                finals[name], sources[name] = float(value), folder
-    return finals, sources
+                run.finals[name], run.sources[name] = float(value), folder
 
 
 def evaluations(path: Path) -> list[tuple[Path, dict]]:
@@ -363,10 +367,11 @@ def compare(runs: list[Run], baseline_alpha: float) -> list[ArmResult]:
         return (depth_size[depth], depth, arm.alpha != baseline_alpha, arm.optim, arm.alpha is None,
                 arm.alpha or 0.0, arm.layers, arm.value_source)
 
-    results = [ArmResult(depth, arm, sorted(groups[depth, arm], key=lambda r: (r.seed, r.label)), arm.alpha == baseline_alpha)
-               for depth, arm in sorted(groups, key=order)]
-    for result in results:
-        result.values = {m: mean_ci([r.finals[m] for r in result.runs if m in r.finals]) for m in metric_names(result.runs)}
+    results = []
+    for depth, arm in sorted(groups, key=order):
+        arm_runs = sorted(groups[depth, arm], key=lambda r: (r.seed, r.label))
+        values = {m: mean_ci([r.finals[m] for r in arm_runs if m in r.finals]) for m in metric_names(arm_runs)}
+        results.append(ArmResult(depth, arm, arm_runs, arm.alpha == baseline_alpha, values=values))
     for result in results:
         result.baseline = find_baseline(result, results)
         if result.baseline is None:
@@ -375,11 +380,10 @@ def compare(runs: list[Run], baseline_alpha: float) -> list[ArmResult]:
             paired = paired_difference(result.runs, result.baseline.runs, metric)
             if paired is not None:
                 result.paired[metric] = paired
-            if metric.startswith("CORE"):
-                pairs = core_pairs(result.runs, result.baseline.runs, metric)
-                estimate = bootstrap_core(pairs) if pairs else None
-                if estimate is not None:
-                    result.bootstrap[metric] = estimate
+            if metric.startswith("CORE"):  # the examples are CORE's (ChatCORE has none)
+                bootstrap = bootstrap_core(core_pairs(result.runs, result.baseline.runs, metric))
+                if bootstrap is not None:
+                    result.bootstrap[metric] = bootstrap
     return results
 
 
@@ -422,7 +426,7 @@ def numbers(results: list[ArmResult]) -> list[tuple[str, str, str, str, float]]:
                 if metric in table:
                     stats += estimate_stats(name, table[metric])
             stats += [(f"run:{run.label}", run.finals.get(metric)) for run in r.runs]
-            rows += [(r.depth, r.arm.label, metric, statistic, value) for statistic, value in stats if value is not None]
+            rows += [(r.depth, r.arm.label, metric, stat, value) for stat, value in stats if value is not None]
     return rows
 
 
@@ -513,6 +517,12 @@ def fmt_estimate(e: Estimate) -> str:
     return f"{num(e.value)} (n=1)" if e.low is None else f"{num(e.value)} ± {num(e.high - e.value)} (n={e.n})"
 
 
+def fmt_delta(delta: tuple[float, float | None] | None) -> str:
+    if delta is None:
+        return "—"
+    return f"{num(delta[0], sign=True)} ({'n.a.' if delta[1] is None else num(delta[1], 2, sign=True) + '%'})"
+
+
 def fmt_interval(e: Estimate) -> str:
     return f"n={e.n}, no interval" if e.low is None else f"[{num(e.low, sign=True)}, {num(e.high, sign=True)}]"
 
@@ -527,13 +537,12 @@ def depth_section(depth: str, results: list[ArmResult], plots: list[tuple[str, s
     header = ["arm", "seeds", "steps"] + [cell for m in metrics for cell in (m, f"Δ {m}")]
     rows = []
     for r in results:
-        low, high = min(run.steps for run in r.runs), max(run.steps for run in r.runs)
-        cells = [r.arm.label, ", ".join(str(run.seed) for run in r.runs), f"{low:,}" + (f"–{high:,}" if high > low else "")]
+        steps = sorted({run.steps for run in r.runs})
+        span = f"{steps[0]:,}" + (f"–{steps[-1]:,}" if len(steps) > 1 else "")
+        cells = [r.arm.label, ", ".join(str(run.seed) for run in r.runs), span]
         for m in metrics:
-            delta = r.delta(m)
             cells.append(fmt_estimate(r.values[m]) if m in r.values else "—")
-            cells.append("baseline" if r.is_baseline else "—" if delta is None
-                         else f"{num(delta[0], sign=True)} ({'n.a.' if delta[1] is None else num(delta[1], 2, True) + '%'})")
+            cells.append("baseline" if r.is_baseline else fmt_delta(r.delta(m)))
         rows.append(cells)
     tests = []
     for r in results:
@@ -550,7 +559,8 @@ def depth_section(depth: str, results: list[ArmResult], plots: list[tuple[str, s
     parts += ["### Differences vs baseline", ""]
     if tests:
         parts += ["significant? no: the 95% interval includes zero, so the difference is not distinguishable "
-                  "from noise; n.a.: a single seed pair gives no interval.", "",
+                  "from noise; n.a.: a single seed pair gives no interval. The bootstrap covers the sampling of "
+                  "CORE's examples only; the seeds' spread is in the paired test.", "",
                   md_table(["arm", "metric", "test", "Δ", "95% CI", "n", "significant?"], tests), ""]
     else:
         parts += ["No arm shares a seed with a baseline arm of its depth and optimizer.", ""]
@@ -562,7 +572,10 @@ def depth_section(depth: str, results: list[ArmResult], plots: list[tuple[str, s
 def runs_section(runs: list[Run], problems: list[Problem]) -> str:
     rows = []
     for run in runs:
-        finals = "; ".join(f"{m} {num(run.finals[m])} ({source_text(run, m)})" for m in metric_names([run]))
+        by_source = defaultdict(list)
+        for m in metric_names([run]):
+            by_source[source_text(run, m)].append(f"{m} {num(run.finals[m])}")
+        finals = "; ".join(f"{', '.join(values)} ({source})" for source, values in by_source.items())
         rows.append([f"`{run.label}`", run.depth, run.arm.label, str(run.seed), f"{run.steps:,}", f"{run.tokens:,}",
                      finals or "—"])
     parts = ["## Runs", "", md_table(["run", "depth", "arm", "seed", "steps", "tokens", "final numbers (source)"], rows)
@@ -590,7 +603,8 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
     if out_dir.exists() and not out_dir.is_dir():
         raise ReportError(f"{out_dir} is a file, not a report folder; choose another --out")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
-        raise ReportError(f"{out_dir} already exists and is not empty; nothing was overwritten — choose --out or pass --force")
+        raise ReportError(f"{out_dir} already exists and is not empty; nothing was overwritten "
+                          "(choose another --out, or pass --force)")
     run_dirs, sweep_problems = discover(paths)
     if not run_dirs and not sweep_problems:
         raise ReportError(f"no run directories (config.yaml + run.json) found under {', '.join(map(str, paths))}")

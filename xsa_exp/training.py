@@ -106,9 +106,18 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
         enable_model_summary=False, default_root_dir=str(run_dir))
     # The run directory is ours and new; CSVLogger's "not empty" warning is about our config files.
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
-    trainer.fit(module, datamodule=datamodule)
+    try:
+        trainer.fit(module, datamodule=datamodule)
+    except BaseException as e:
+        # Recorded so that a sweep's report lists this job as failed instead of reading a partial log as a result.
+        save_status(run_dir, "failed", trainer.global_step, f"{type(e).__name__}: {e}")
+        raise
+    if trainer.interrupted:
+        save_status(run_dir, "interrupted", trainer.global_step)
+        return run_dir
     trainer.save_checkpoint(run_dir / "checkpoints" / "final.ckpt")
     save_tokenizer(run_dir, datamodule)
+    save_status(run_dir, "completed", trainer.global_step)
     rank_zero_info(f"done: metrics {run_dir / 'metrics.csv'}, checkpoint {run_dir / 'checkpoints' / 'final.ckpt'}")
     return run_dir
 
@@ -128,6 +137,12 @@ def save_run_files(run_dir: Path, cfg: DictConfig, run: dict) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (run_dir / "run.json").write_text(json.dumps(run, indent=1))
+
+
+@rank_zero_only
+def save_status(run_dir: Path, status: str, step: int, error: str | None = None) -> None:
+    """status.json: completed | interrupted | failed, with the step reached and the error if any."""
+    (run_dir / "status.json").write_text(json.dumps({"status": status, "step": step, "error": error}, indent=1))
 
 
 @rank_zero_only

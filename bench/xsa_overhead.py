@@ -1,0 +1,203 @@
+"""XSA step-time overhead, and the Lightning framework's overhead over a bare PyTorch loop.
+
+    python bench/xsa_overhead.py --mode cpu          # tiny and d12 widths, short sequences
+    python bench/xsa_overhead.py --mode gpu          # d12 and d24 at seq 2048, bf16, torch.compile, MFU
+
+XSA: full training steps (forward, backward, MuonAdamW step) for alpha = 0 (standard attention),
+alpha = 1 and learnable alpha on the same initial weights and the same batch, interleaved
+A/B/C, A/B/C, ... after warm-up (the order rotates every repeat), so slow drifts of the machine hit
+every arm alike. Reported: median step time, the median of the per-repeat ratios to alpha = 0 with
+a bootstrap 95% interval, tokens/s, and peak memory (GPU: per arm; CPU: the process's peak RSS).
+
+Lightning: the same model, optimizer, schedule and batch trained by `Trainer.fit` and by a plain
+loop (zero_grad, forward, backward, step, scheduler step), in alternating blocks of steps.
+
+MFU = tokens/s x flops-per-token / peak flops, with flops per token = 6 x (parameters that
+multiply: hidden matrices + lm_head) + 12 x n_layer x n_embd x seq_len (attention scores and
+values, forward + backward, without the causal halving), as nanochat and the PaLM appendix count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import statistics
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import lightning as L
+import torch
+from hydra import compose, initialize_config_dir
+
+from xsa_exp.model import GPT, GPTConfig
+from xsa_exp.optim import WarmupConstantWarmdown, build_optimizer
+
+REPO = Path(__file__).resolve().parents[1]
+ARMS = {"alpha=0": ["xsa.alpha=0"], "alpha=1": ["xsa.alpha=1"], "learnable": ["xsa=learnable"]}
+H200_BF16_PEAK_FLOPS = 989e12  # dense bf16 tensor-core peak
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+def build(overrides: list[str], device: str, compile_model: bool):
+    cfg = compose_cfg(overrides)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa)).to(device)
+    if compile_model:
+        model.compile()
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = WarmupConstantWarmdown(optimizer, 10**6, 0.0, 0.0, 0.0, 0.85, 0.95, 300)
+    return cfg, model, optimizer, scheduler
+
+
+def flops_per_token(model: GPT) -> int:
+    c = model.config
+    multiplying = model.param_counts()["hidden matrices"] + model.lm_head.weight.numel()
+    return 6 * multiplying + 12 * c.n_layer * c.n_embd * c.sequence_len
+
+
+def train_step(model, optimizer, scheduler, batch, autocast) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    with autocast():
+        loss = model(batch[:, :-1], batch[:, 1:])
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+
+
+def timed(fn, device: str) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def bootstrap_median_ci(ratios: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(n))
+    return medians[int(0.025 * n)], medians[int(0.975 * n) - 1]
+
+
+def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, compile_model: bool, warmup: int, repeats: int):
+    arms = {name: build(shape + extra, device, compile_model) for name, extra in ARMS.items()}
+    cfg = next(iter(arms.values()))[0]
+    batch = torch.randint(0, cfg.model.vocab_size, (batch_size, cfg.model.sequence_len + 1), device=device,
+                          generator=torch.Generator(device=device).manual_seed(0))
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else nullcontext
+    times = {name: [] for name in arms}
+    peak = {}
+    for name, (_, model, opt, sched) in arms.items():
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        for _ in range(warmup):
+            timed(lambda: train_step(model, opt, sched, batch, autocast), device)
+        peak[name] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+    names = list(arms)
+    for r in range(repeats):
+        for name in names[r % 3:] + names[: r % 3]:
+            _, model, opt, sched = arms[name]
+            times[name].append(timed(lambda: train_step(model, opt, sched, batch, autocast), device))
+    tokens = batch_size * cfg.model.sequence_len
+    base = times["alpha=0"]
+    fpt = flops_per_token(arms["alpha=0"][1])
+    print(f"\n{label}: n_layer={cfg.model.n_layer} n_embd={cfg.model.n_embd} n_head={cfg.model.n_head} "
+          f"seq={cfg.model.sequence_len} batch={batch_size} vocab={cfg.model.vocab_size} device={device} "
+          f"compile={compile_model} repeats={repeats} (after {warmup} warm-up steps per arm)")
+    print(f"{'arm':<11}{'median step ms':>15}{'tokens/s':>11}{'ratio to alpha=0 [95% CI]':>32}"
+          + (f"{'peak GiB':>10}{'MFU':>7}" if device == "cuda" else ""))
+    for name in names:
+        ratios = [t / b for t, b in zip(times[name], base)]
+        lo, hi = bootstrap_median_ci(ratios)
+        median = statistics.median(times[name])
+        line = f"{name:<11}{median * 1e3:>15.1f}{tokens / median:>11,.0f}{statistics.median(ratios):>14.4f} [{lo:.4f}, {hi:.4f}]"
+        if device == "cuda":
+            line += f"{peak[name]:>10.2f}{tokens / median * fpt / H200_BF16_PEAK_FLOPS:>7.1%}"
+        print(line)
+    if device == "cpu":
+        print(f"process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB (all arms)")
+
+
+class FixedBatch(torch.utils.data.Dataset):
+    def __init__(self, batch: torch.Tensor, length: int):
+        self.batch, self.length = batch, length
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, i):
+        return self.batch
+
+
+class StepClock(L.Callback):
+    def __init__(self):
+        self.stamps = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.stamps.append(time.perf_counter())
+
+
+def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: int):
+    """Per-step wall time of Trainer.fit vs a bare loop, alternating blocks of `block` steps."""
+    from xsa_exp.callbacks import TrainMetrics
+    from xsa_exp.lightning_module import LanguageModel
+
+    cfg = compose_cfg(shape)
+    batch = torch.randint(0, cfg.model.vocab_size, (batch_size, cfg.model.sequence_len + 1),
+                          generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(FixedBatch(batch, 10**9), batch_size=None)
+    ratios, lightning_ms, bare_ms = [], [], []
+    for _ in range(blocks):
+        torch.manual_seed(0)
+        module = LanguageModel(GPT(GPTConfig.from_config(cfg.model, cfg.xsa)), cfg.optim, 10**6)
+        clock = StepClock()
+        # TrainMetrics included: the per-step loss sync, grad norm and row building are part of our framework's cost.
+        callbacks = [TrainMetrics(batch.numel(), 0.9, 10**9), clock]
+        trainer = L.Trainer(accelerator="cpu", max_steps=block + 2, logger=False, callbacks=callbacks, limit_val_batches=0,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(module, loader)
+        per_step_lightning = (clock.stamps[-1] - clock.stamps[1]) / (len(clock.stamps) - 2)  # 2 warm-up steps
+
+        _, model, opt, sched = build(shape, "cpu", False)
+        data = iter(loader)
+        stamps = []
+        for _ in range(block + 2):
+            train_step(model, opt, sched, next(data), nullcontext)
+            stamps.append(time.perf_counter())
+        per_step_bare = (stamps[-1] - stamps[1]) / (len(stamps) - 2)
+        lightning_ms.append(per_step_lightning * 1e3)
+        bare_ms.append(per_step_bare * 1e3)
+        ratios.append(per_step_lightning / per_step_bare)
+    lo, hi = bootstrap_median_ci(ratios)
+    print(f"\nLightning vs bare loop ({' '.join(shape)}, batch {batch_size}, {blocks} blocks x {block} steps): "
+          f"median step {statistics.median(lightning_ms):.1f} ms vs {statistics.median(bare_ms):.1f} ms, "
+          f"ratio {statistics.median(ratios):.4f} [{lo:.4f}, {hi:.4f}]")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    if args.mode == "cpu":
+        repeats = args.repeats or 30
+        xsa_overhead("tiny width", ["depth=tiny", "model.sequence_len=128"], 8, "cpu", False, 3, repeats)
+        xsa_overhead("d12 width", ["depth=d12", "model.n_layer=2", "model.sequence_len=128", "model.vocab_size=8192"],
+                     4, "cpu", False, 2, repeats)
+        lightning_overhead(["depth=tiny", "model.sequence_len=128"], 8, block=20, blocks=5)
+    else:
+        repeats = args.repeats or 20
+        xsa_overhead("d12", ["depth=d12"], 16, "cuda", True, 5, repeats)
+        xsa_overhead("d24", ["depth=d24"], 8, "cuda", True, 5, repeats)
+
+
+if __name__ == "__main__":
+    main()

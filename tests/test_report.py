@@ -1,0 +1,361 @@
+"""xsa_exp.report on fake run directories with known numbers."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xsa_exp.report import ReportError, bootstrap_core, build_report, main, mean_ci, t_quantile
+
+REPO = Path(__file__).resolve().parents[1]
+N_LAYER = 2
+
+
+def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_bpb: float = 0.85, steps: int = 20,
+             depth: str = "d12", optim: str = "muon", layers="all", learnable: bool = False, complete: bool = True,
+             evals: tuple[dict, ...] = (), tokens_per_step: int = 1000) -> Path:
+    """A run directory as train.py (+ evaluate.py) leaves it: train rows every step, val at 0, half way and the
+    end (ending at final_bpb), a diagnostics row at the end; `evals`: kwargs of make_eval."""
+    run = root / name
+    run.mkdir(parents=True)
+    xsa_layers = [] if layers == "none" else list(range(N_LAYER))
+    (run / "config.yaml").write_text(f"depth_name: {depth}\nseed: {seed}\nxsa:\n  alpha: {alpha}\n  layers: {layers}\n")
+    (run / "run.json").write_text(json.dumps({
+        "run_dir": str(run), "max_steps": steps, "tokens_per_step": tokens_per_step, "grad_accumulation": 1,
+        "precision": "32-true", "xsa_layers": xsa_layers, "param_counts": {"total": 1000}, "depth": depth,
+        "alpha": alpha, "learnable": learnable, "layers": layers, "value_source": "mixed", "optim": optim,
+        "seed": seed}))
+    rows = [{"step": s, "train/loss": 5.0 - s / steps, "train/loss_smooth": 5.1 - s / steps} for s in range(1, steps + 1)]
+    rows += [{"step": s, "val/bpb": final_bpb + 0.5 * (1 - s / steps)} for s in (0, steps // 2, steps)]
+    rows.append({"step": steps, **{f"diag/{m}/L{i}": 0.1 * (i + 1) + alpha for m in ("attn_self_cos", "out_self_cos",
+                                                                                    "diag_attn") for i in range(N_LAYER)}})
+    rows.sort(key=lambda r: r["step"])
+    header = sorted({k for r in rows for k in r} | {"tokens_seen"})
+    with open(run / "metrics.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header)
+        writer.writeheader()
+        writer.writerows({**r, "tokens_seen": r["step"] * tokens_per_step} for r in rows)
+    if complete:
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / "final.ckpt").write_bytes(b"")
+    for kwargs in evals:
+        make_eval(run, **{"step": steps, **kwargs})
+    return run
+
+
+def make_eval(run: Path, step: int, metrics: dict, answers: dict[str, list[bool]] | None = None,
+              baselines: dict[str, float] | None = None, stamp: str = "20260101-120000") -> Path:
+    """eval/final-step<N>-<stamp>/ with summary.json, and CORE answers per task when given."""
+    folder = run / "eval" / f"final-step{step}-{stamp}"
+    folder.mkdir(parents=True)
+    summary = {"run": str(run), "checkpoint": "final.ckpt", "step": step, "metrics": metrics}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    if answers is not None:
+        with open(folder / "core_examples.jsonl", "w") as f:
+            for task, correct in answers.items():
+                for i, c in enumerate(correct):
+                    f.write(json.dumps({"task": task, "index": i, "original_index": 7 * i, "correct": c,
+                                        "pred": 0 if c else 1, "gold": 0, "losses": [1.0, 2.0]}) + "\n")
+        with open(folder / "core_tasks.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["label", "task_type", "num_fewshot", "n_examples", "accuracy", "centered", "random_baseline"])
+            for task, correct in answers.items():
+                acc, b = float(np.mean(correct)), baselines[task]
+                writer.writerow([task, "multiple_choice", 0, len(correct), acc, (acc - b / 100) / (1 - b / 100), b])
+    return folder
+
+
+def numbers(report: Path) -> dict[tuple[str, str, str], float]:
+    """numbers.csv as (arm, metric, statistic) -> value."""
+    with open(report.parent / "numbers.csv", newline="") as f:
+        return {(r["arm"], r["metric"], r["statistic"]): float(r["value"]) for r in csv.DictReader(f)}
+
+
+BASE, XSA = "muon · no XSA", "muon · α=1 · layers=all · value=mixed"
+
+
+def table_row(report_text: str, arm: str) -> str:
+    return next(line for line in report_text.splitlines() if line.startswith(f"| {arm} |"))
+
+
+# -----------------------------------------------------------------------------
+# Statistics
+
+
+def test_t_quantile_matches_tables():
+    for df, expected in [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042)]:
+        assert t_quantile(0.975, df) == pytest.approx(expected, abs=1e-3)
+    assert t_quantile(0.975, 10_000) == pytest.approx(1.960, abs=1e-3)
+
+
+def test_mean_ci_by_hand():
+    values = [0.84, 0.85, 0.86, 0.845, 0.855]
+    sd = math.sqrt(sum((v - 0.85) ** 2 for v in values) / 4)
+    e = mean_ci(values)
+    assert e.value == pytest.approx(0.85)
+    assert e.high - e.value == pytest.approx(2.776 * sd / math.sqrt(5), rel=1e-3)
+    assert e.value - e.low == pytest.approx(e.high - e.value)
+    single = mean_ci([0.8484])
+    assert (single.value, single.low, single.high, single.n, single.significant) == (0.8484, None, None, 1, "n.a.")
+
+
+def core_folders(tmp_path: Path, arm: dict[str, list[bool]], base: dict[str, list[bool]], baselines: dict[str, float]):
+    return [(make_eval(tmp_path / "arm", 10, {}, arm, baselines), make_eval(tmp_path / "base", 10, {}, base, baselines))]
+
+
+def test_bootstrap_finds_a_clear_difference(tmp_path):
+    # Task A (chance 25%): 70% vs 50% correct -> centered difference 0.2 / 0.75; task B (chance 50%): the same answers.
+    arm = {"A": [True] * 140 + [False] * 60, "B": [True, False] * 100}
+    base = {"A": [True] * 100 + [False] * 100, "B": [True, False] * 100}
+    pairs = core_folders(tmp_path, arm, base, {"A": 25.0, "B": 50.0})
+    e = bootstrap_core(pairs)
+    true_difference = (0.2 / 0.75 + 0.0) / 2
+    assert e.value == pytest.approx(true_difference)
+    assert e.low < true_difference < e.high and e.low > 0
+    assert e.significant == "yes"
+    assert e.n == 400
+    # The interval's width matches the normal approximation: per-example differences d of task A (40 of +1).
+    d = np.array([1.0] * 40 + [0.0] * 160)
+    se = math.sqrt(d.var() / len(d)) / 0.75 / 2
+    assert (e.high - e.low) / 2 == pytest.approx(1.96 * se, rel=0.1)
+    assert bootstrap_core(pairs) == e  # fixed seed
+
+
+def test_bootstrap_calls_equal_accuracy_noise(tmp_path):
+    # Same accuracy, different examples right: the difference is zero but the examples disagree a lot.
+    arm = {"A": [True] * 100 + [False] * 100}
+    base = {"A": [False] * 100 + [True] * 100}
+    e = bootstrap_core(core_folders(tmp_path / "swap", arm, base, {"A": 25.0}))
+    assert e.value == pytest.approx(0.0)
+    assert e.low < 0 < e.high and e.high - e.low > 0.1
+    assert e.significant == "no"
+    same = bootstrap_core(core_folders(tmp_path / "same", arm, arm, {"A": 25.0}))
+    assert (same.value, same.significant) == (0.0, "no")
+
+
+def test_bootstrap_uses_only_examples_both_arms_answered(tmp_path):
+    # The arm also answered 100 extra examples (all right); they have no partner and must not count.
+    arm = {"A": [True] * 50 + [False] * 50 + [True] * 100}
+    base = {"A": [True] * 50 + [False] * 50}
+    e = bootstrap_core(core_folders(tmp_path, arm, base, {"A": 0.0}))
+    assert (e.value, e.n) == (0.0, 100)
+
+
+# -----------------------------------------------------------------------------
+# Tables
+
+
+def test_table_values_and_relative_change(tmp_path):
+    make_run(tmp_path / "study", "base", alpha=0.0, final_bpb=0.8484)
+    make_run(tmp_path / "study", "xsa", alpha=1.0, final_bpb=0.8457)
+    report = build_report([tmp_path / "study"], tmp_path / "out")
+    text = report.read_text()
+    assert "| 0.8484 (n=1) | baseline |" in table_row(text, BASE)
+    assert "| 0.8457 (n=1) | −0.0027 (−0.32%) |" in table_row(text, XSA)
+    got = numbers(report)
+    assert got[XSA, "val/bpb", "delta"] == pytest.approx(-0.0027)
+    assert got[XSA, "val/bpb", "delta_pct"] == pytest.approx(-0.0027 / 0.8484 * 100)
+    # One shared seed: a paired difference without an interval, which is not called either way.
+    assert got[XSA, "val/bpb", "paired_delta"] == pytest.approx(-0.0027)
+    assert "| val/bpb | paired over seeds | −0.0027 | n=1, no interval | 1 seeds | n.a. |" in text
+
+
+def test_seeds_pooled_and_paired(tmp_path):
+    study = tmp_path / "study"
+    for seed, base, xsa in [(1, 0.850, 0.846), (2, 0.852, 0.849), (3, 0.848, 0.843)]:
+        make_run(study, f"base{seed}", alpha=0.0, seed=seed, final_bpb=base)
+        make_run(study, f"xsa{seed}", alpha=1.0, seed=seed, final_bpb=xsa)
+    make_run(study, "xsa4", alpha=1.0, seed=4, final_bpb=0.900)  # no baseline partner: pooled, not paired
+    got = numbers(build_report([study], tmp_path / "out"))
+
+    base_sd = np.std([0.850, 0.852, 0.848], ddof=1)
+    assert got[BASE, "val/bpb", "mean"] == pytest.approx(0.850)
+    assert got[BASE, "val/bpb", "mean_ci95_high"] - 0.850 == pytest.approx(4.303 * base_sd / math.sqrt(3), rel=1e-3)
+    assert got[XSA, "val/bpb", "mean_n"] == 4
+    assert got[XSA, "val/bpb", "mean"] == pytest.approx((0.846 + 0.849 + 0.843 + 0.900) / 4)
+    # Differences -0.004, -0.003, -0.005: mean -0.004, sd 0.001.
+    assert got[XSA, "val/bpb", "paired_delta_n"] == 3
+    assert got[XSA, "val/bpb", "paired_delta"] == pytest.approx(-0.004)
+    half = 4.303 * 0.001 / math.sqrt(3)
+    assert got[XSA, "val/bpb", "paired_delta_ci95_low"] == pytest.approx(-0.004 - half, rel=1e-3)
+    assert got[XSA, "val/bpb", "paired_delta_ci95_high"] == pytest.approx(-0.004 + half, rel=1e-3)
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| val/bpb | paired over seeds | −0.0040 | [−0.0065, −0.0015] | 3 seeds | yes |" in text
+
+
+def test_partial_core_chatcore_and_bootstrap_in_report(tmp_path):
+    study = tmp_path / "study"
+    base = {"A": [True] * 100 + [False] * 100, "B": [True, False] * 100}
+    arm = {"A": [True] * 140 + [False] * 60, "B": [True, False] * 100}
+    baselines = {"A": 25.0, "B": 50.0}
+    for name, alpha, answers in (("base", 0.0, base), ("xsa", 1.0, arm)):
+        core = np.mean([(np.mean(answers[t]) - baselines[t] / 100) / (1 - baselines[t] / 100) for t in answers])
+        make_run(study, name, alpha=alpha, evals=({"metrics": {"val/bpb": 0.9, "CORE 18/22": core, "ChatCORE": 0.1 + alpha},
+                                                   "answers": answers, "baselines": baselines},))
+    report = build_report([study], tmp_path / "out")
+    text = report.read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| arm | seeds |"))
+    assert "| CORE 18/22 | Δ CORE 18/22 |" in header and "| ChatCORE | Δ ChatCORE |" in header
+    assert "| CORE |" not in text
+    got = numbers(report)
+    assert got[XSA, "CORE 18/22", "bootstrap_delta"] == pytest.approx(0.2 / 0.75 / 2)
+    assert got[XSA, "CORE 18/22", "bootstrap_delta_n"] == 400
+    assert got[XSA, "ChatCORE", "delta"] == pytest.approx(1.0)
+    row = next(line for line in text.splitlines() if "| paired bootstrap over examples |" in line)
+    assert row.startswith(f"| {XSA} | CORE 18/22 |") and row.endswith("| 400 examples | yes |")
+
+
+def test_final_numbers_prefer_the_newest_evaluation_of_the_last_step(tmp_path):
+    run = make_run(tmp_path, "run", final_bpb=0.85, steps=20, evals=(
+        {"metrics": {"val/bpb": 0.70, "CORE": 0.3}, "step": 10, "stamp": "20260103-000000"},  # earlier checkpoint
+        {"metrics": {"val/bpb": 0.84}, "stamp": "20260101-000000"},
+        {"metrics": {"val/bpb": 0.83}, "stamp": "20260102-000000"}))
+    text = build_report([run], tmp_path / "out").read_text()
+    assert "val/bpb 0.8300 (eval/final-step20-20260102-000000)" in text
+    assert "| 0.8300 (n=1) |" in table_row(text, BASE)
+    header = next(line for line in text.splitlines() if line.startswith("| arm | seeds |"))
+    assert "CORE" not in header and "CORE 0.3000" not in text  # not the final checkpoint's number
+
+
+def test_a_diverged_run_shows_nan_not_an_earlier_value(tmp_path):
+    run = make_run(tmp_path, "run", final_bpb=0.85, steps=20)
+    lines = (run / "metrics.csv").read_text().splitlines()
+    last_val = max(i for i, line in enumerate(lines) if line.endswith(",0.85"))
+    lines[last_val] = lines[last_val].removesuffix("0.85") + "nan"  # as Lightning logs a NaN
+    (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+    text = build_report([run], tmp_path / "out").read_text()
+    assert "| nan (n=1) |" in table_row(text, BASE)
+
+
+def test_arms_baseline_and_alpha_option(tmp_path):
+    study = tmp_path / "study"
+    make_run(study, "a0", alpha=0.0, seed=1, final_bpb=0.90)
+    make_run(study, "none", alpha=1.0, layers="none", seed=2, final_bpb=0.92)  # XSA in no layer: also baseline
+    make_run(study, "a1", alpha=1.0, seed=1, final_bpb=0.80)
+    make_run(study, "a05", alpha=0.5, seed=1, final_bpb=0.85)
+    make_run(study, "learn", alpha=0.0, learnable=True, seed=1, final_bpb=0.82)
+    make_run(study, "adamw", alpha=1.0, optim="adamw", seed=1, final_bpb=0.95)  # no adamw baseline
+    got = numbers(build_report([study], tmp_path / "out"))
+    assert got[BASE, "val/bpb", "mean"] == pytest.approx(0.91) and got[BASE, "val/bpb", "mean_n"] == 2
+    assert got["muon · learnable α · layers=all · value=mixed", "val/bpb", "delta"] == pytest.approx(0.82 - 0.91)
+    assert got[XSA, "val/bpb", "paired_delta"] == pytest.approx(0.80 - 0.90)
+    assert not any(arm.startswith("adamw") and stat == "delta" for arm, _, stat in got)
+
+    got = numbers(build_report([study], tmp_path / "out1", baseline_alpha=1.0))
+    assert got["muon · α=0.5 · layers=all · value=mixed", "val/bpb", "delta"] == pytest.approx(0.85 - 0.80)
+    assert got[BASE, "val/bpb", "delta"] == pytest.approx(0.91 - 0.80)
+    assert (XSA, "val/bpb", "delta") not in got
+
+
+# -----------------------------------------------------------------------------
+# Plots, robustness, output folder, CLI
+
+
+def is_png(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_written_and_linked(tmp_path):
+    study = tmp_path / "study"
+    for alpha in (0.0, 0.5, 1.0):
+        for seed in (1, 2):
+            make_run(study, f"a{alpha}-s{seed}", alpha=alpha, seed=seed, final_bpb=0.85 - 0.01 * alpha + 0.001 * seed)
+    make_run(study, "small", depth="tiny", alpha=1.0)  # one α at this depth: no α plot
+    report = build_report([study], tmp_path / "out")
+    text, plots = report.read_text(), report.parent / "plots"
+    for name in ("curves_d12", "diagnostics_d12", "alpha_d12", "curves_tiny", "diagnostics_tiny"):
+        assert is_png(plots / f"{name}.png"), name
+        assert f"](plots/{name}.png)" in text
+    assert not (plots / "alpha_tiny.png").exists() and "alpha_tiny" not in text
+
+
+def test_failed_and_missing_runs_are_listed(tmp_path):
+    sweep = tmp_path / "multirun" / "12-00-00"
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text(
+        "hydra:\n  sweeper:\n    _target_: hydra._internal.core_plugins.basic_sweeper.BasicSweeper\n    params: null\n"
+        "  overrides:\n    task:\n    - depth=d12\n    - xsa.alpha=0,1,0.5\n    - seed=1,2\n")
+    make_run(sweep, "0", alpha=0.0, seed=1, final_bpb=0.85)
+    make_run(sweep, "1", alpha=0.0, seed=2, final_bpb=0.86)
+    make_run(sweep, "2", alpha=1.0, seed=1, complete=False)  # crashed mid-training
+    (sweep / "3").mkdir()
+    (sweep / "3" / "train.log").write_text("config error\n")
+    report = build_report([sweep], tmp_path / "out")
+    text = report.read_text()
+    failed = text.split("## Missing or failed runs")[1]
+    assert "- `12-00-00/2`: incomplete: no checkpoints/final.ckpt" in failed
+    assert "- `12-00-00/3`: failed: sweep job 3 (xsa.alpha=1 seed=2) has no run.json" in failed
+    assert "- `12-00-00/4`: missing: sweep job 4 (xsa.alpha=0.5 seed=1) has no directory" in failed
+    assert "- `12-00-00/5`: missing: sweep job 5 (xsa.alpha=0.5 seed=2)" in failed
+    assert "2 complete runs, 4 missing or failed" in text
+    assert "`12-00-00/0`" in text.split("## Runs")[1].split("## Missing")[0]
+
+
+def test_different_step_counts(tmp_path):
+    study = tmp_path / "study"
+    make_run(study, "base", alpha=0.0, steps=100, final_bpb=0.80)
+    make_run(study, "xsa1", alpha=1.0, seed=1, steps=60, final_bpb=0.90)
+    make_run(study, "xsa2", alpha=1.0, seed=2, steps=100, final_bpb=0.70, tokens_per_step=500)
+    report = build_report([study], tmp_path / "out")
+    text = report.read_text()
+    assert table_row(text, BASE).startswith(f"| {BASE} | 1 | 100 | 0.8000 (n=1) |")
+    assert table_row(text, XSA).startswith(f"| {XSA} | 1, 2 | 60–100 | 0.8000 ± ")  # each run's own last value
+    assert "| 60 | 60,000 |" in text and "| 100 | 50,000 |" in text
+    assert is_png(report.parent / "plots" / "curves_d12.png")
+
+
+def test_single_run_default_out_dir(tmp_path):
+    run = make_run(tmp_path, "only", alpha=1.0, final_bpb=0.8457)
+    report = build_report([run])
+    assert report == run / "report" / "report.md"
+    assert table_row(report.read_text(), XSA).startswith(f"| {XSA} | 1 | 20 | 0.8457 (n=1) | — |")
+    assert "No arm shares a seed with a baseline" in report.read_text()
+
+
+def test_never_overwrites_a_report(tmp_path):
+    make_run(tmp_path / "study", "base")
+    out = tmp_path / "out"
+    build_report([tmp_path / "study"], out)
+    (out / "plots" / "stale.png").write_bytes(b"old")
+    before = (out / "report.md").read_text()
+    with pytest.raises(ReportError, match="already exists and is not empty"):
+        build_report([tmp_path / "study"], out)
+    assert (out / "report.md").read_text() == before and (out / "plots" / "stale.png").exists()
+    build_report([tmp_path / "study"], out, force=True)
+    assert not (out / "plots" / "stale.png").exists()
+
+
+def test_errors_when_nothing_to_report(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ReportError, match="no run directories"):
+        build_report([tmp_path / "empty"])
+    with pytest.raises(ReportError, match="no such directory"):
+        build_report([tmp_path / "nope"])
+    assert not (tmp_path / "empty" / "report").exists()
+
+
+def test_cli(tmp_path, capsys):
+    make_run(tmp_path / "study", "base", alpha=0.0, final_bpb=0.8484)
+    make_run(tmp_path / "study", "xsa", alpha=1.0, final_bpb=0.8457)
+    command = [sys.executable, "-m", "xsa_exp.report", str(tmp_path / "study"), "--out", str(tmp_path / "out")]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"report: {tmp_path / 'out' / 'report.md'}"
+    assert "−0.0027 (−0.32%)" in (tmp_path / "out" / "report.md").read_text()
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 2
+    assert again.stderr.startswith("error: ") and "already exists" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    # The same entry point in-process (a subprocess costs seconds of imports).
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "out" / "plots")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no run directories") and len(err.strip().splitlines()) == 1
