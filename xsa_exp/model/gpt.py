@@ -89,9 +89,33 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
 
 
+class KVCache:
+    """Keys and values of every layer for the positions generated so far (B, H, max_len, D each)."""
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype=torch.float32):
+        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store the new k, v at pos..pos+T and attend the new queries over everything cached so far."""
+        T = q.size(2)
+        end = self.pos + T
+        self.k[layer, :, :, self.pos:end] = k
+        self.v[layer, :, :, self.pos:end] = v
+        keys, values = self.k[layer, :, :, :end].to(q.dtype), self.v[layer, :, :, :end].to(q.dtype)
+        if T == 1:  # one new token sees every cached position
+            return F.scaled_dot_product_attention(q, keys, values)
+        # New token i (absolute position pos + i) sees positions 0..pos + i.
+        mask = torch.ones(T, end, dtype=torch.bool, device=q.device).tril(diagonal=self.pos)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
+        self.layer_idx = layer_idx
         self.n_head, self.head_dim = config.n_head, config.head_dim
         self.qk_norm = config.qk_norm
         self.c_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
@@ -119,7 +143,9 @@ class CausalSelfAttention(nn.Module):
             return self.xsa_alpha
         return torch.tanh(self.xsa_theta).view(1, -1, 1, 1)
 
-    def forward(self, x: torch.Tensor, ve: torch.Tensor | None, cos_sin) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ve: torch.Tensor | None, cos_sin, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """cos_sin: rotary tables already sliced to the positions of x. With kv_cache, x holds the
+        tokens after those already cached; XSA still projects against each new token's own v_i."""
         B, T, C = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = self.c_k(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
@@ -131,9 +157,10 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm:
             q, k = norm(q), norm(k)
         if cos_sin is not None:
-            cos, sin = cos_sin[0][:, :, :T], cos_sin[1][:, :, :T]
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if self.probe is None:
+            q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
+        if kv_cache is not None:
+            y = kv_cache.attend(self.layer_idx, q, k, v)
+        elif self.probe is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             y = self.probe.attend(q, k, v)
@@ -164,8 +191,8 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer_idx)
         self.mlp = MLP(config)
 
-    def forward(self, x, ve, cos_sin):
-        x = x + self.attn(norm(x), ve, cos_sin)
+    def forward(self, x, ve, cos_sin, kv_cache=None):
+        x = x + self.attn(norm(x), ve, cos_sin, kv_cache)
         return x + self.mlp(norm(x))
 
 
@@ -212,19 +239,25 @@ class GPT(nn.Module):
         for emb in self.value_embeds.values():
             nn.init.uniform_(emb.weight, -bound, bound)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_reduction: str = "mean"):
-        """Logits (B, T, V) in fp32, or the cross-entropy against targets (-1 = ignore)."""
-        T = idx.size(1)
-        if T > self.config.sequence_len:
-            raise ValueError(f"input of {T} tokens exceeds model.sequence_len={self.config.sequence_len}")
-        cos_sin = (self.rope_cos, self.rope_sin) if self.config.rope else None
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_reduction: str = "mean",
+                kv_cache: KVCache | None = None):
+        """Logits (B, T, V) in fp32, or the cross-entropy against targets (-1 = ignore).
+
+        With kv_cache, idx continues the cached sequence (positions start at kv_cache.pos)."""
+        start = kv_cache.pos if kv_cache is not None else 0
+        end = start + idx.size(1)
+        if end > self.config.sequence_len:
+            raise ValueError(f"input of {end} tokens exceeds model.sequence_len={self.config.sequence_len}")
+        cos_sin = (self.rope_cos[:, :, start:end], self.rope_sin[:, :, start:end]) if self.config.rope else None
         x = norm(self.wte(idx))
         x0 = x
         for i, block in enumerate(self.blocks):
             if self.resid_lambdas is not None:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
-            x = block(x, ve, cos_sin)
+            x = block(x, ve, cos_sin, kv_cache)
+        if kv_cache is not None:
+            kv_cache.pos = end
         logits = self.lm_head(norm(x)).float()
         if self.config.logit_softcap:
             cap = self.config.logit_softcap

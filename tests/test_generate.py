@@ -1,0 +1,55 @@
+import pytest
+import torch
+
+from xsa_exp.generate import generate
+from xsa_exp.model import GPT, GPTConfig, KVCache
+
+
+def trained_like_model(**xsa):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(sequence_len=48, vocab_size=300, n_layer=3, n_head=2, n_embd=32, **xsa))
+    with torch.no_grad():  # non-zero projections and thetas, so XSA and its cached path matter
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+ARMS = {"alpha=0": dict(xsa_layers=[0, 1, 2], xsa_alpha=0.0), "alpha=1": dict(xsa_layers=[0, 1, 2], xsa_alpha=1.0),
+        "learnable": dict(xsa_layers=[0, 2], xsa_learnable=True), "plain": dict(xsa_layers=[0, 1, 2], xsa_value_source="plain")}
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_cached_logits_equal_full_recomputation(arm):
+    model = trained_like_model(**ARMS[arm]).eval()
+    idx = torch.randint(0, 300, (2, 40))
+    full = model(idx)
+    cache = KVCache(model.config, 2, 40, "cpu")
+    pieces = [model(idx[:, :17], kv_cache=cache)]  # prefill several tokens, then one at a time and in chunks
+    for start, end in [(17, 18), (18, 19), (19, 25), (25, 40)]:
+        pieces.append(model(idx[:, start:end], kv_cache=cache))
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_cached_generation_equals_full_recomputation_token_for_token(arm):
+    model = trained_like_model(**ARMS[arm])
+    prompt = [5, 17, 42, 7, 99]
+    cached = generate(model, prompt, max_new_tokens=30, num_samples=2)
+    full = generate(model, prompt, max_new_tokens=30, num_samples=2, use_cache=False)
+    assert cached == full and len(cached[0]) == 30
+    sampled = generate(model, prompt, 20, num_samples=3, temperature=1.0, top_k=50, seed=1)
+    assert sampled == generate(model, prompt, 20, num_samples=3, temperature=1.0, top_k=50, seed=1, use_cache=False)
+
+
+def test_xsa_changes_generation_and_the_cache_does_not_hide_it():
+    prompt = [5, 17, 42]
+    assert generate(trained_like_model(**ARMS["alpha=0"]), prompt, 20) != generate(trained_like_model(**ARMS["alpha=1"]), prompt, 20)
+
+
+def test_stop_tokens_and_length_limit():
+    model = trained_like_model(**ARMS["alpha=1"])
+    free = generate(model, [1, 2, 3], 10)[0]
+    stopped = generate(model, [1, 2, 3], 10, stop_tokens=[free[4]])[0]
+    assert stopped == free[: free.index(free[4])]
+    with pytest.raises(ValueError, match="exceeds model.sequence_len=48"):
+        generate(model, [1] * 40, 10)
