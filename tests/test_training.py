@@ -132,3 +132,22 @@ def test_alpha_one_run_logs_out_self_cos_near_zero(xsa_run):
     assert abs(float(rows[-1]["diag/attn_self_cos"])) > 0.05
     lines = (xsa_run / "diagnostics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and len(json.loads(lines[0])["diag_attn"]) == 2
+
+
+def test_non_finite_loss_stops_the_run_naming_the_step(small_cfg, tmp_path, monkeypatch):
+    from xsa_exp.model import gpt
+
+    real_forward = gpt.GPT.forward
+    calls = []
+
+    def poisoned(self, idx, targets=None, **kw):
+        out = real_forward(self, idx, targets, **kw)
+        if self.training:
+            calls.append(1)  # two micro-batches per step: the 5th is the first of step 3
+        return out * float("nan") if self.training and len(calls) == 5 else out
+
+    monkeypatch.setattr(gpt.GPT, "forward", poisoned)
+    with pytest.raises(FloatingPointError, match="non-finite loss at step 3"):
+        train(small_cfg(), tmp_path / "run")
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["status"] == "failed" and status["step"] == 2 and "non-finite loss" in status["error"]

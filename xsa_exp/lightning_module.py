@@ -36,7 +36,13 @@ class LanguageModel(L.LightningModule):
     def on_before_optimizer_step(self, optimizer) -> None:
         # Called once per update, after the last micro-batch's backward and before clipping.
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        self._update["grad_norm"] = torch.nn.utils.get_total_norm(grads)
+        grad_norm = torch.nn.utils.get_total_norm(grads)
+        if not (torch.isfinite(grad_norm) and torch.isfinite(self._loss_sum)):
+            # Stop before the bad update reaches the weights; the run's last checkpoint stays the last good state.
+            what = "loss" if not torch.isfinite(self._loss_sum) else "gradient"
+            raise FloatingPointError(f"non-finite {what} at step {self.trainer.global_step + 1}; "
+                                     "lower the learning rates or enable train.grad_clip")
+        self._update["grad_norm"] = grad_norm
         for group in optimizer.param_groups:
             self._update[f"lr/{group['role']}"] = group["lr"]
             if group["algorithm"] == "muon":
