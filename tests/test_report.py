@@ -276,12 +276,27 @@ def test_plots_written_and_linked(tmp_path):
     assert not (plots / "alpha_tiny.png").exists() and "alpha_tiny" not in text
 
 
+# The parts of a Hydra multirun.yaml the report reads: 3 x 2 jobs.
+MULTIRUN_YAML = """\
+hydra:
+  sweep:
+    dir: .
+    subdir: ${hydra.job.num}
+  sweeper:
+    _target_: hydra._internal.core_plugins.basic_sweeper.BasicSweeper
+    params: null
+  overrides:
+    task:
+    - depth=d12
+    - xsa.alpha=0,1,0.5
+    - seed=1,2
+"""
+
+
 def test_failed_and_missing_runs_are_listed(tmp_path):
     sweep = tmp_path / "multirun" / "12-00-00"
     sweep.mkdir(parents=True)
-    (sweep / "multirun.yaml").write_text(
-        "hydra:\n  sweeper:\n    _target_: hydra._internal.core_plugins.basic_sweeper.BasicSweeper\n    params: null\n"
-        "  overrides:\n    task:\n    - depth=d12\n    - xsa.alpha=0,1,0.5\n    - seed=1,2\n")
+    (sweep / "multirun.yaml").write_text(MULTIRUN_YAML)
     make_run(sweep, "0", alpha=0.0, seed=1, final_bpb=0.85)
     make_run(sweep, "1", alpha=0.0, seed=2, final_bpb=0.86)
     make_run(sweep, "2", alpha=1.0, seed=1, complete=False)  # crashed mid-training

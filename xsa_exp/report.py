@@ -157,10 +157,12 @@ def discover(paths: list[Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
 
 def expected_jobs(sweep: Path) -> dict[int, str]:
     """Job number -> the overrides that vary, as Hydra's basic sweeper enumerates them from multirun.yaml
-    ({} when another sweeper ran it or the file cannot be read: then only the job folders tell)."""
+    ({} when another sweeper ran it, job folders are not named by number, or the file cannot be read: then
+    only the job folders tell)."""
     try:
         hydra = OmegaConf.load(sweep / "multirun.yaml").hydra
-        if not str(hydra.sweeper._target_).endswith(".BasicSweeper"):
+        numbered = OmegaConf.to_container(hydra.sweep)["subdir"] == "${hydra.job.num}"
+        if not numbered or not str(hydra.sweeper._target_).endswith(".BasicSweeper"):
             return {}
         params = hydra.sweeper.get("params") or {}
         overrides = OverridesParser.create().parse_overrides(
