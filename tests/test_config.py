@@ -10,9 +10,16 @@ GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "
 
 
 @pytest.mark.parametrize("group, option", [(g, o.stem) for g in GROUPS for o in sorted((CONF_DIR / g).glob("*.yaml"))])
-def test_every_config_group_option_composes_and_validates(group, option, tmp_path):
+def test_every_config_group_option_composes_and_validates(group, option, tmp_path, monkeypatch):
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # climbmix presets would stream from the hub
+        monkeypatch.delenv(var, raising=False)
     (tmp_path / "core.yaml").touch()  # presets that run CORE during training check that a bundle is there
-    cfg = compose_config(f"{group}={option}", f"eval.bundle_dir={tmp_path}")
+    extra = []
+    if (group, option) == ("data", "local"):  # data=local needs a corpus: two files, the last is validation
+        for name in ("a.jsonl", "b.jsonl"):
+            (tmp_path / name).write_text('{"text": "In the beginning."}\n')
+        extra = [f"data.path={tmp_path}"]
+    cfg = compose_config(f"{group}={option}", f"eval.bundle_dir={tmp_path}", *extra)
     validate(cfg)
     assert cfg.model.n_embd % cfg.model.n_head == 0
 

@@ -1,10 +1,15 @@
+import hashlib
 import math
+import random
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
-from xsa_exp.data.datamodule import PackedRows, ShuffledRowSampler, pack_documents, unigram_bits_per_byte
-from xsa_exp.data.tokenizer import SPECIAL_TOKENS, Tokenizer, load_or_train_tokenizer
+from xsa_exp.data.datamodule import TextDataModule, unigram_bits_per_byte
+from xsa_exp.data.packing import cut_rows, pack_documents, packed_rows
+from xsa_exp.data.streaming import EpochPermutations, buffer_shuffle
+from xsa_exp.data.tokenizer import SPECIAL_TOKENS, Tokenizer, char_budget, load_or_train_tokenizer
 from xsa_exp.eval.bpb import BitsPerByte, evaluate_bpb
 
 TEXTS = ["In the beginning God created the heaven and the earth. 12345 and 678."] * 20 + ["Let there be light."] * 5
@@ -42,14 +47,38 @@ def test_packing_prefixes_bos_and_cuts_rows(tokenizer):
     tokens = pack_documents(tokenizer, ["Let there be light.", "And there was light."])
     first, second = tokenizer.encode("Let there be light."), tokenizer.encode("And there was light.")
     assert tokens.tolist() == [tokenizer.bos_id, *first, tokenizer.bos_id, *second]
-    rows = PackedRows(tokens, 4)
+    rows = cut_rows(tokens, 4)
     assert len(rows) == len(tokens) // 4 and rows[1].tolist() == tokens[4:8].tolist()
 
 
-def test_sampler_is_seeded_epoch_permutations():
+def test_streamed_packing_gives_the_rows_of_packing_everything_at_once(tokenizer):
+    texts = [TEXTS[i % len(TEXTS)][: 5 + 7 * i] for i in range(25)]
+    batches = [texts[:3], texts[3:4], [], texts[4:17], texts[17:]]  # batch boundaries fall inside rows
+    streamed = list(packed_rows(tokenizer, batches, 9))
+    assert torch.equal(torch.stack(streamed), cut_rows(pack_documents(tokenizer, texts), 9))
+    assert all(row._base is None for row in streamed)  # copies: no row pins its batch's tokens
+
+
+def test_char_budget_takes_documents_in_order_and_cuts_the_last():
+    assert list(char_budget(["abc", "defg", "hi"], 5)) == ["abc", "de"]
+    assert list(char_budget(["abc", "defg"], 7)) == ["abc", "defg"]
+    assert list(char_budget(["abc"], 100)) == ["abc"]
+
+
+def test_buffer_shuffle_is_a_seeded_permutation_within_the_buffer():
+    out = list(buffer_shuffle(range(100), 8, random.Random(3)))
+    assert sorted(out) == list(range(100))
+    assert out == list(buffer_shuffle(range(100), 8, random.Random(3)))
+    assert out != list(buffer_shuffle(range(100), 8, random.Random(4)))
+    assert out != list(range(100))
+    # Bounded: output position i can only hold an item read by then (the first 8 fill the buffer).
+    assert all(item < i + 8 for i, item in enumerate(out))
+
+
+def test_epoch_permutations_are_seeded():
     def take(seed, n):
-        it = iter(ShuffledRowSampler(10, seed))
-        return [next(it) for _ in range(n)]
+        it = iter(EpochPermutations(torch.arange(10), seed))
+        return [int(next(it)) for _ in range(n)]
     order = take(1, 30)
     assert order == take(1, 30)
     assert order != take(2, 30)
@@ -90,3 +119,36 @@ def test_unigram_bits_per_byte_matches_hand_computation():
     p = counts / counts.sum()
     expected = -(p[0].log2() + p[1].log2()) / 2
     assert unigram_bits_per_byte(train, val, token_bytes) == pytest.approx(expected.item())
+
+
+# Recorded from the data pipeline before the streaming corpora were added (sequence_len, vocab_size,
+# device_batch_size at seed 42: the test preset and the default tiny run): data=sample must not change.
+SAMPLE_BEFORE = {
+    (64, 512, 4): {"first_sum": 68166, "first": "d8911a9d76b8b0d6", "second": "7f74aa77af55af59",
+                   "val": "a159e6dfbd2f8c70", "head": "2fd0dffc9f413987", "unigram": 3.1655336277604356},
+    (256, 4096, 8): {"first_sum": 1438894, "first": "d64726d9e79a8996", "second": "eaba1fa293db583b",
+                     "val": "8932eea3bcfad316", "head": "21fd4beb61942d02", "unigram": 2.170036665005103},
+}
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("sizes", list(SAMPLE_BEFORE), ids=["test-preset", "tiny"])
+def test_sample_corpus_gives_the_same_batches_as_before(sizes, cache_dir):
+    sequence_len, vocab_size, batch_size = sizes
+    data = TextDataModule(OmegaConf.create({"name": "sample", "tokenizer_chars": None}), sequence_len, vocab_size,
+                          batch_size, 42, str(cache_dir))
+    data.prepare_data()
+    data.setup()
+    assert data.tokenizer_dir.name == f"sample-8f0393fe5cba5c36-v{vocab_size}"  # the cache key is unchanged too
+    batches = iter(data.train_dataloader())
+    first, second = next(batches), next(batches)
+    expected = SAMPLE_BEFORE[sizes]
+    assert first.dtype == torch.int64 and first.shape == (batch_size, sequence_len + 1)
+    assert int(first.sum()) == expected["first_sum"] and _digest(first) == expected["first"]
+    assert _digest(second) == expected["second"]
+    assert _digest(torch.cat(data.val_batches(32768))) == expected["val"]
+    assert _digest(data.val_rows_head(4)) == expected["head"]
+    assert data.unigram_bpb == expected["unigram"]

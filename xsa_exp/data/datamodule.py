@@ -1,62 +1,32 @@
-"""Tokenised, packed rows of the corpus, and the order training reads them in.
+"""What a run trains and evaluates on, whatever the corpus (data.name):
 
-Packing: every document gets BOS prepended, all documents are concatenated in corpus order and cut
-into consecutive rows of sequence_len + 1 tokens (inputs row[:-1], targets row[1:]). Rows may span
-document boundaries (BOS marks them); the only waste is the last partial row and the one
-prediction across each row boundary, about 1 / (sequence_len + 1) of the tokens.
+- sample: the embedded KJV (corpus.py), tokenized and packed in memory;
+- climbmix, local: parquet / jsonl / txt files (sources.py), read, tokenized and packed as training
+  goes; the training set is never in memory whole.
 
-Order: an endless sequence of epochs, each a permutation of all rows drawn from a generator seeded
-with (seed, epoch). It depends on nothing else, so runs that differ only in model or XSA settings
-see the same batches in the same order.
+Each gives the tokenizer trained on (data.tokenizer_chars characters of) its training split, an
+endless global sequence of training rows that ranks and workers split (streaming.py), the first rows
+of its validation split packed the same way (packing.py), and the number of global rows training has
+consumed, saved in checkpoints so a resumed run continues with the next row.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable
+from itertools import islice
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader
 
 from xsa_exp.data.corpus import load_sample_corpus, sample_corpus_fingerprint
-from xsa_exp.data.tokenizer import Tokenizer, load_or_train_tokenizer
-
-
-class PackedRows(Dataset):
-    def __init__(self, tokens: torch.Tensor, row_len: int):
-        n_rows = len(tokens) // row_len
-        self.rows = tokens[: n_rows * row_len].view(n_rows, row_len)
-
-    def __len__(self) -> int:
-        return self.rows.size(0)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.rows[i].long()
-
-
-class ShuffledRowSampler(Sampler[int]):
-    """Endless row indices: epoch e is randperm(n_rows) from a generator seeded with seed * 1_000_003 + e."""
-
-    def __init__(self, n_rows: int, seed: int):
-        self.n_rows, self.seed = n_rows, seed
-
-    def __iter__(self) -> Iterator[int]:
-        epoch = 0
-        while True:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            yield from torch.randperm(self.n_rows, generator=generator).tolist()
-            epoch += 1
-
-
-def pack_documents(tokenizer: Tokenizer, texts: list[str]) -> torch.Tensor:
-    ids: list[int] = []
-    for doc in tokenizer.encode_batch(texts):
-        ids.append(tokenizer.bos_id)
-        ids.extend(doc)
-    return torch.tensor(ids, dtype=torch.int32)
+from xsa_exp.data.packing import cut_rows, pack_documents, packed_rows
+from xsa_exp.data.sources import DataError, read_documents, streamed_corpus
+from xsa_exp.data.streaming import EpochPermutations, RankBatches, StreamedRows
+from xsa_exp.data.tokenizer import Tokenizer, char_budget, load_or_train_tokenizer
 
 
 class TextDataModule(L.LightningDataModule):
@@ -64,56 +34,112 @@ class TextDataModule(L.LightningDataModule):
                  tokenizer_dir: Path | None = None):
         """tokenizer_dir: use this trained tokenizer (a run's own copy) instead of the cache."""
         super().__init__()
-        if data_cfg.name != "sample":
-            raise ValueError(f"data={data_cfg.name} is not available in this version; use data=sample")
+        if data_cfg.name == "sample":
+            self.corpus, fingerprint = None, sample_corpus_fingerprint()
+        elif data_cfg.name in ("climbmix", "local"):
+            self.corpus = streamed_corpus(data_cfg)
+            fingerprint = self.corpus.fingerprint
+        else:
+            raise ValueError(f"data={data_cfg.name} is not an option; allowed: sample, climbmix, local")
+        self.data_cfg = data_cfg
         self.sequence_len, self.vocab_size = sequence_len, vocab_size
         self.device_batch_size, self.seed = device_batch_size, seed
         self.cache_dir = Path(cache_dir).expanduser()
-        self.tokenizer_key = f"{data_cfg.name}-{sample_corpus_fingerprint()}-v{vocab_size}"
+        # null: the whole training split (data=sample only); absent in configs saved before the key existed.
+        self.tokenizer_chars = data_cfg.get("tokenizer_chars")
+        budget = "" if self.tokenizer_chars is None else f"-c{self.tokenizer_chars}"
+        self.tokenizer_key = f"{data_cfg.name}-{fingerprint}{budget}-v{vocab_size}"
         self.tokenizer: Tokenizer | None = None
         self.tokenizer_dir = tokenizer_dir
+        self.rows_consumed = 0  # global rows (all ranks) handed to training steps so far
+
+    def tokenizer_texts(self) -> Iterable[str]:
+        if self.corpus is None:
+            texts = load_sample_corpus()["train"]["text"]
+        else:
+            texts = (text for batch in read_documents(self.corpus, self.corpus.train_files) for text in batch)
+        return texts if self.tokenizer_chars is None else char_budget(texts, self.tokenizer_chars)
 
     def prepare_data(self) -> None:
         # Runs on one process per node: train the tokenizer once, the other ranks load it in setup().
         if self.tokenizer_dir is None:
-            load_or_train_tokenizer(self.cache_dir, self.tokenizer_key, self.vocab_size,
-                                lambda: load_sample_corpus()["train"]["text"])
+            load_or_train_tokenizer(self.cache_dir, self.tokenizer_key, self.vocab_size, self.tokenizer_texts)
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:
             return
-        corpus = load_sample_corpus()
         if self.tokenizer_dir is not None:
             self.tokenizer = Tokenizer.load(self.tokenizer_dir)
         else:
             self.tokenizer, self.tokenizer_dir = load_or_train_tokenizer(
-                self.cache_dir, self.tokenizer_key, self.vocab_size, lambda: corpus["train"]["text"])
+                self.cache_dir, self.tokenizer_key, self.vocab_size, self.tokenizer_texts)
         if self.tokenizer.vocab_size != self.vocab_size:
             raise ValueError(f"tokenizer at {self.tokenizer_dir} has {self.tokenizer.vocab_size} tokens, model.vocab_size is {self.vocab_size}")
         self.token_bytes = self.tokenizer.token_bytes()
+        row_len = self.sequence_len + 1
+        if self.corpus is None:
+            self.setup_sample(row_len)
+            return
+        self.train_rows = StreamedRows(self.corpus, self.tokenizer, row_len, self.seed, self.data_cfg.shuffle_rows)
+        # Read on first use: how many rows depends on the caller (eval.val_tokens, evaluate.py's val_tokens).
+        self.val_rows, self.val_complete = torch.empty(0, row_len, dtype=torch.int32), False
+        # A unigram baseline would need the training tokens counted; a streamed corpus has no such pass.
+        self.unigram_bpb = None
+        rank_zero_info(f"data: {self.corpus.name}, streamed from {len(self.corpus.train_files):,} training files "
+                       f"({self.corpus.train_files[0]} ...), validation {', '.join(self.corpus.val_files)}; "
+                       f"tokenizer {self.tokenizer_dir}; unigram baseline n/a for a streamed corpus")
+
+    def setup_sample(self, row_len: int) -> None:
+        corpus = load_sample_corpus()
         train_tokens = pack_documents(self.tokenizer, corpus["train"]["text"])
         val_tokens = pack_documents(self.tokenizer, corpus["validation"]["text"])
-        self.train_rows = PackedRows(train_tokens, self.sequence_len + 1)
-        self.val_rows = PackedRows(val_tokens, self.sequence_len + 1)
-        if len(self.train_rows) == 0 or len(self.val_rows) == 0:
+        train_rows = cut_rows(train_tokens, row_len)
+        self.val_rows, self.val_complete = cut_rows(val_tokens, row_len), True
+        if len(train_rows) == 0 or len(self.val_rows) == 0:
             raise ValueError(f"model.sequence_len={self.sequence_len} is longer than the corpus split; use a shorter sequence")
+        self.train_rows = EpochPermutations(train_rows, self.seed)
         self.unigram_bpb = unigram_bits_per_byte(train_tokens, val_tokens, self.token_bytes)
-        rank_zero_info(f"data: {len(train_tokens):,} train tokens ({len(self.train_rows):,} rows), "
+        rank_zero_info(f"data: {len(train_tokens):,} train tokens ({len(train_rows):,} rows), "
                        f"{len(val_tokens):,} validation tokens; tokenizer {self.tokenizer_dir}; "
                        f"unigram baseline {self.unigram_bpb:.3f} bits/byte")
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_rows, batch_size=self.device_batch_size,
-                          sampler=ShuffledRowSampler(len(self.train_rows), self.seed))
+        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        batches = RankBatches(self.train_rows, self.device_batch_size, rank, world_size, start_row=self.rows_consumed)
+        # Rows in memory need no workers; a stream is read and tokenized off the training process.
+        workers = 0 if self.corpus is None else self.data_cfg.num_workers
+        return DataLoader(batches, batch_size=None, num_workers=workers)
+
+    def on_before_batch_transfer(self, batch: torch.Tensor, dataloader_idx: int) -> torch.Tensor:
+        # Lightning calls this for each batch a training step consumes (not for batches fetched ahead),
+        # on every rank; each rank's batch stands for device_batch_size x world_size global rows.
+        self.rows_consumed += len(batch) * self.trainer.world_size
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"rows_consumed": self.rows_consumed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rows_consumed = state["rows_consumed"]
+
+    def validation_rows(self, n_rows: int) -> torch.Tensor:
+        """The first n_rows validation rows (all if the split has fewer), int32 (n, sequence_len + 1)."""
+        if len(self.val_rows) < n_rows and not self.val_complete:
+            files = read_documents(self.corpus, self.corpus.val_files)
+            rows = list(islice(packed_rows(self.tokenizer, files, self.sequence_len + 1), n_rows))
+            if not rows:
+                raise DataError(f"the validation files of data={self.corpus.name} ({', '.join(self.corpus.val_files)}) hold "
+                                f"fewer than sequence_len + 1 = {self.sequence_len + 1} tokens; use a larger validation split")
+            self.val_rows, self.val_complete = torch.stack(rows), len(rows) < n_rows
+        return self.val_rows[:n_rows]
 
     def val_rows_head(self, n_rows: int) -> torch.Tensor:
         """The first n_rows validation rows (B, T + 1): the fixed batch of the attention diagnostics."""
-        return self.val_rows.rows[:n_rows].long()
+        return self.validation_rows(n_rows).long()
 
     def val_batches(self, max_tokens: int, rank: int = 0, world_size: int = 1) -> list[torch.Tensor]:
         """The first ceil(max_tokens / sequence_len) validation rows (all if fewer), this rank's share, batched."""
-        n_rows = min(len(self.val_rows), math.ceil(max_tokens / self.sequence_len))
-        rows = self.val_rows.rows[:n_rows][rank::world_size].long()
+        rows = self.validation_rows(math.ceil(max_tokens / self.sequence_len))[rank::world_size].long()
         return list(rows.split(self.device_batch_size))
 
 

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import rustbpe
@@ -106,3 +106,14 @@ def load_or_train_tokenizer(cache_root: Path, key: str, vocab_size: int, texts: 
         shutil.rmtree(staging, ignore_errors=True)
         return Tokenizer.load(directory), directory
     return tokenizer, directory
+
+
+def char_budget(texts: Iterable[str], n_chars: int) -> Iterator[str]:
+    """The texts in order until n_chars characters in all, the last one cut to fit: the tokenizer's
+    training sample (nanochat trains on about 2B characters of its corpus)."""
+    left = n_chars
+    for text in texts:
+        yield text[:left]
+        left -= min(len(text), left)
+        if left == 0:
+            return

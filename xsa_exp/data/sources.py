@@ -1,0 +1,184 @@
+"""Streamed corpora: the files of data=climbmix and data=local, and reading their documents.
+
+Each file is read on its own with `datasets.load_dataset(<format>, data_files=[file], streaming=True)`:
+the same code path for a local mirror and for the Hugging Face hub (hf:// URLs), in a fixed file
+order, so nothing is ever loaded whole and the document order depends only on the file list.
+
+data=climbmix: the text form of ClimbMix-400B that nanochat pretrains on, parquet shards
+shard_00000 ... shard_06542 (one `text` column) of the dataset repo karpathy/climbmix-400b-shuffle.
+The last shard is the validation split, as in nanochat; training reads the first
+data.num_train_shards shards. Files come from data.local_dir when it is set (a folder holding those
+file names, e.g. nanochat's base_data), else from the hub; HF_HUB_OFFLINE / HF_DATASETS_OFFLINE
+make the hub an error instead of a hang.
+
+data=local: the .parquet, .jsonl/.json and .txt files of data.path (a folder, a file or a glob),
+sorted by path. Validation is split by file, never within one: the files of data.val_path when it
+is given (they are then never trained on), else the last file, as for ClimbMix.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from omegaconf import DictConfig, OmegaConf
+
+FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
+TXT_SAMPLE_BY = ("document", "paragraph", "line")  # a .txt document: the whole file, a paragraph, a line
+DOCS_PER_READ = 256  # documents per read, which is also the tokenizer's batch
+
+
+class DataError(ValueError):
+    """Missing or unreadable data or a bad data.* setting; the message is one line that names it and the fix."""
+
+
+@dataclass(frozen=True)
+class StreamedCorpus:
+    name: str
+    train_files: tuple[str, ...]  # local paths or hf:// URLs, in reading order
+    val_files: tuple[str, ...]
+    text_column: str
+    txt_sample_by: str
+    fingerprint: str  # identifies the training text, for the tokenizer cache
+    fix: str  # what to do when a file cannot be read
+
+
+def streamed_corpus(data_cfg: DictConfig) -> StreamedCorpus:
+    if data_cfg.name == "climbmix":
+        return climbmix_corpus(data_cfg)
+    if data_cfg.name == "local":
+        return local_corpus(data_cfg)
+    raise DataError(f"data={data_cfg.name} is not a streamed corpus; use climbmix or local")
+
+
+def climbmix_corpus(cfg: DictConfig) -> StreamedCorpus:
+    n_shards = cfg.num_shards
+    if not isinstance(n_shards, int) or n_shards < 2:
+        raise DataError(f"data.num_shards={n_shards!r} must be an integer >= 2 (training shards plus the validation shard)")
+    n_train = n_shards - 1 if cfg.num_train_shards is None else cfg.num_train_shards
+    if not isinstance(n_train, int) or not 1 <= n_train < n_shards:
+        raise DataError(f"data.num_train_shards={n_train!r} must be from 1 to {n_shards - 1} (the last shard is validation), "
+                        "or null for all of them")
+    names = [f"shard_{i:05d}.parquet" for i in [*range(n_train), n_shards - 1]]
+    hub = f"https://huggingface.co/datasets/{cfg.repo}"
+    if cfg.local_dir is None:
+        variable = offline_variable()
+        if variable:
+            raise DataError(f"data=climbmix streams from {hub}, but {variable}={os.environ[variable]}; set data.local_dir "
+                            f"to a folder of its shard_XXXXX.parquet files, or unset {variable} to go online")
+        base, fix = f"hf://datasets/{cfg.repo}", f"check the connection to {hub}, or set data.local_dir to a local mirror"
+    else:
+        local_dir = Path(cfg.local_dir).expanduser().resolve()
+        fix = (f"put the shards in data.local_dir (the validation shard {names[-1]} too), lower data.num_train_shards, "
+               f"or set data.local_dir=null to stream from {hub}")
+        if not local_dir.is_dir():
+            raise DataError(f"data.local_dir={local_dir} is not a directory; {fix}")
+        base = str(local_dir)
+    files = tuple(f"{base}/{name}" for name in names)
+    # The shard names, not where they are read from: a mirror and the hub share one cached tokenizer.
+    return StreamedCorpus("climbmix", files[:-1], files[-1:], "text", "document", digest(cfg.repo, *names[:-1]), fix)
+
+
+def local_corpus(cfg: DictConfig) -> StreamedCorpus:
+    if OmegaConf.is_missing(cfg, "path") or not cfg.path:
+        raise DataError("data=local needs data.path: a folder, file or glob of .parquet, .jsonl/.json or .txt files")
+    if cfg.txt_sample_by not in TXT_SAMPLE_BY:
+        raise DataError(f"data.txt_sample_by={cfg.txt_sample_by!r} is not an option; allowed: {', '.join(TXT_SAMPLE_BY)}")
+    files = match_files(cfg.path, "data.path")
+    if cfg.val_path is None:
+        if len(files) < 2:
+            raise DataError(f"data.path={cfg.path} matches one file, {files[0]}; the last file is the validation split, "
+                            "so give at least two files or set data.val_path")
+        train, val = files[:-1], files[-1:]
+    else:
+        val = match_files(cfg.val_path, "data.val_path")
+        train = [f for f in files if f not in val]
+        if not train:
+            raise DataError(f"data.path={cfg.path} has no files besides those of data.val_path={cfg.val_path}; give training files")
+    # Path, size and modification time of every training file: a changed corpus gets a new tokenizer.
+    stats = [f"{f}:{os.stat(f).st_size}:{os.stat(f).st_mtime_ns}" for f in train]
+    return StreamedCorpus("local", tuple(train), tuple(val), cfg.text_column, cfg.txt_sample_by,
+                          digest(cfg.text_column, cfg.txt_sample_by, *stats),
+                          "check that the file is readable and in its format, or change data.path / data.val_path")
+
+
+def match_files(pattern: str, key: str) -> list[str]:
+    """The supported files of a folder (not its subfolders), a single file or a glob (** recurses), sorted."""
+    path = Path(pattern).expanduser()
+    if path.is_dir():
+        candidates = list(path.iterdir())
+    elif path.is_file():
+        candidates = [path]
+    else:
+        candidates = [Path(p) for p in glob.glob(str(path), recursive=True)]
+    files = sorted(str(p.resolve()) for p in candidates if p.is_file() and p.suffix in FORMATS)
+    if not files:
+        raise DataError(f"{key}={pattern} matches no .parquet, .jsonl, .json or .txt files; "
+                        "point it at a folder, a file or a glob of them")
+    return files
+
+
+def check_data_config(data_cfg: DictConfig) -> None:
+    """What train.py checks before it creates a run directory: the data.* settings and, for a local mirror
+    or corpus, that every file is there. Reads no data."""
+    chars = data_cfg.get("tokenizer_chars")  # absent in configs saved before it existed
+    if data_cfg.name == "sample":
+        if chars is not None:
+            _positive_int(chars, "data.tokenizer_chars")
+        return
+    _positive_int(chars, "data.tokenizer_chars")
+    _positive_int(data_cfg.shuffle_rows, "data.shuffle_rows")
+    if not isinstance(data_cfg.num_workers, int) or data_cfg.num_workers < 0:
+        raise DataError(f"data.num_workers={data_cfg.num_workers!r} must be an integer >= 0")
+    corpus = streamed_corpus(data_cfg)
+    missing = [f for f in corpus.train_files + corpus.val_files if "://" not in f and not Path(f).is_file()]
+    if missing:
+        more = f" (and {len(missing) - 1} more files)" if len(missing) > 1 else ""
+        raise DataError(f"{missing[0]} is missing{more}; {corpus.fix}")
+
+
+def read_documents(corpus: StreamedCorpus, files: tuple[str, ...]) -> Iterator[list[str]]:
+    """Batches of document texts from files, in order. Missing and empty documents are skipped."""
+    for file in files:
+        yield from _read_file(corpus, file)
+
+
+def _read_file(corpus: StreamedCorpus, file: str) -> Iterator[list[str]]:
+    import datasets  # here, not at the top: config checks import this module and stay fast
+
+    builder = FORMATS[PurePosixPath(file).suffix]
+    column = "text" if builder == "text" else corpus.text_column
+    options = {"sample_by": corpus.txt_sample_by} if builder == "text" else {}
+    try:
+        stream = datasets.load_dataset(builder, data_files=[file], split="train", streaming=True, **options)
+        for batch in stream.iter(batch_size=DOCS_PER_READ):
+            if column not in batch:
+                raise DataError(f"data.text_column={column!r} is not a column of {file} (it has {', '.join(batch)}); "
+                                "set data.text_column")
+            yield [text for text in batch[column] if text]
+    except DataError:
+        raise
+    except Exception as e:  # any failure to open or read: network, permissions, a corrupt file
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
+        raise DataError(f"cannot read {file} ({type(e).__name__}: {reason}); {corpus.fix}") from e
+
+
+def offline_variable() -> str | None:
+    """The environment variable that puts the hub offline, if one does (huggingface_hub's truthy values)."""
+    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(variable, "").upper() in ("1", "ON", "YES", "TRUE"):
+            return variable
+    return None
+
+
+def digest(*parts: str) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _positive_int(value, key: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise DataError(f"{key}={value!r} must be a positive integer")
