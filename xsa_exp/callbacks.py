@@ -11,6 +11,7 @@ import json
 import time
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
 from xsa_exp.eval.bpb import evaluate_bpb
@@ -50,6 +51,11 @@ class TrainMetrics(L.Callback):
     def state_dict(self) -> dict:
         # Saved in checkpoints so a resumed run continues the same smoothed curve.
         return {"ema_value": self.ema.value, "ema_count": self.ema.count}
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        # Rows of the checkpointed steps reach the disk with it; a resumed run keeps exactly those.
+        for logger in trainer.loggers:
+            logger.save()
 
     def load_state_dict(self, state: dict) -> None:
         self.ema.value, self.ema.count = state["ema_value"], state["ema_count"]
@@ -104,6 +110,7 @@ class ScheduledEvaluation(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         if self.every > 0 and trainer.global_step == 0:
             self.run(trainer, pl_module)
+        self.last_step = trainer.global_step  # a resumed run logged this step's rows before its checkpoint
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -164,3 +171,18 @@ class AttentionDiagnostics(ScheduledEvaluation):
 
     def headline(self, key: str) -> bool:
         return "/L" not in key
+
+
+class PeriodicCheckpoint(ModelCheckpoint):
+    """Resumable checkpoint every N steps, named step{N:06d}.ckpt, keeping the newest few.
+
+    Lightning writes it atomically (temporary file, then move). A resumed run starts right after its
+    checkpoint, so that step is not saved again (plain ModelCheckpoint would write a -v1 copy)."""
+
+    def __init__(self, dirpath, every: int, keep: int):
+        super().__init__(dirpath=dirpath, filename="step{step:06d}", auto_insert_metric_name=False,
+                         every_n_train_steps=every, save_top_k=keep, monitor="step", mode="max")
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._last_global_step_saved = trainer.global_step

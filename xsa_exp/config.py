@@ -98,6 +98,10 @@ def validate(cfg: DictConfig) -> None:
                               "run `python -m xsa_exp.eval.core download`, set eval.bundle_dir, or use eval.core_every=0")
     if cfg.train.max_steps is not None:
         _positive_int(cfg.train.max_steps, "train.max_steps")
+    if cfg.resume not in (None, "auto"):
+        raise ConfigError(f"resume={cfg.resume!r} is not an option; allowed: null, auto (with hydra.run.dir set to the run)")
+    if cfg.train.checkpoint_every < 0 or cfg.train.keep_checkpoints < 1:
+        raise ConfigError("train.checkpoint_every must be >= 0 and train.keep_checkpoints >= 1")
     if not 0.0 <= cfg.log.ema_beta < 1.0:
         raise ConfigError(f"log.ema_beta={cfg.log.ema_beta} must be in [0, 1)")
     grad_accumulation(cfg)

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
+import time
 import warnings
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
-from xsa_exp.callbacks import AttentionDiagnostics, CoreEvaluation, TrainMetrics, ValidationBPB
+from xsa_exp.callbacks import AttentionDiagnostics, CoreEvaluation, PeriodicCheckpoint, TrainMetrics, ValidationBPB
 from xsa_exp.config import ConfigError, grad_accumulation, validate
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.eval.core import resolve_bundle_dir
@@ -80,8 +82,16 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     """Train one model as configured; returns the run directory."""
     validate(cfg)
     run_dir = Path(run_dir).resolve()
+    resume_from = None
     if (run_dir / "config.yaml").exists():
-        raise ConfigError(f"run directory {run_dir} already holds a run; nothing was overwritten — choose a new hydra.run.dir")
+        if cfg.resume != "auto":
+            raise ConfigError(f"run directory {run_dir} already holds a run; nothing was overwritten — choose a new "
+                              "hydra.run.dir, or add resume=auto to continue it")
+        check_same_config(run_dir, cfg)
+        if read_status(run_dir) == "completed":
+            rank_zero_info(f"run {run_dir} is already complete; nothing to do")
+            return run_dir
+        resume_from = newest_valid_checkpoint(run_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
     max_steps = resolve_max_steps(cfg.train, model)
@@ -90,24 +100,31 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
            "grad_accumulation": grad_accumulation(cfg), "precision": resolve_precision(cfg.trainer),
            "xsa_layers": model.config.xsa_layers, "param_counts": model.param_counts(), **summary}
     print_start(model, cfg, run)
-    save_run_files(run_dir, cfg, run)
+    if resume_from is None:
+        set_aside_unfinished_log(run_dir)
+        save_run_files(run_dir, cfg, run)
+    else:
+        rank_zero_info(f"resuming from {resume_from}")
 
     datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size,
                                 cfg.train.device_batch_size, cfg.seed, cfg.cache_dir)
     module = LanguageModel(model, cfg.optim, max_steps, OmegaConf.to_container(cfg, resolve=True))
     if cfg.train.compile:
         model.compile()
+    loggers = build_loggers(cfg, run_dir, summary)
+    callbacks = build_callbacks(cfg, run_dir)
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
         precision=run["precision"], max_steps=max_steps, accumulate_grad_batches=run["grad_accumulation"],
-        gradient_clip_val=cfg.train.grad_clip or None, logger=build_loggers(cfg, run_dir, summary),
-        callbacks=build_callbacks(cfg, run_dir),
-        limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=str(run_dir))
-    # The run directory is ours and new; CSVLogger's "not empty" warning is about our config files.
+        gradient_clip_val=cfg.train.grad_clip or None, logger=loggers, callbacks=callbacks,
+        limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=cfg.train.checkpoint_every > 0,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(run_dir))
+    # The run directory is ours; CSVLogger's "not empty" warning is about our config files.
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+    if resume_from is not None:
+        restore_csv_rows(loggers[0], run_dir, resume_from)
     try:
-        trainer.fit(module, datamodule=datamodule)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     except BaseException as e:
         # Recorded so that a sweep's report lists this job as failed instead of reading a partial log as a result.
         save_status(run_dir, "failed", trainer.global_step, f"{type(e).__name__}: {e}")
@@ -123,13 +140,62 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
 
 
 def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
-    """Train metrics first, so each step's train row precedes its evaluation rows."""
+    """Train metrics first, so each step's train row precedes its evaluation rows; the periodic
+    checkpoint last, so it is taken after every row of its step is logged."""
     tokens = cfg.train.total_batch_tokens
     e = cfg.eval
-    return [TrainMetrics(tokens, cfg.log.ema_beta, cfg.log.print_every),
-            ValidationBPB(e.every, e.val_tokens, tokens),
-            AttentionDiagnostics(e.diag_every, tokens, e.diag_rows, run_dir / "diagnostics.jsonl"),
-            CoreEvaluation(e.core_every, tokens, resolve_bundle_dir(e.bundle_dir), e.core_max_per_task)]
+    callbacks = [TrainMetrics(tokens, cfg.log.ema_beta, cfg.log.print_every),
+                 ValidationBPB(e.every, e.val_tokens, tokens),
+                 AttentionDiagnostics(e.diag_every, tokens, e.diag_rows, run_dir / "diagnostics.jsonl"),
+                 CoreEvaluation(e.core_every, tokens, resolve_bundle_dir(e.bundle_dir), e.core_max_per_task)]
+    if cfg.train.checkpoint_every > 0:
+        callbacks.append(PeriodicCheckpoint(run_dir / "checkpoints", cfg.train.checkpoint_every, cfg.train.keep_checkpoints))
+    return callbacks
+
+
+def read_status(run_dir: Path) -> str | None:
+    path = run_dir / "status.json"
+    return json.loads(path.read_text())["status"] if path.is_file() else None
+
+
+def check_same_config(run_dir: Path, cfg: DictConfig) -> None:
+    """A resumed run must be the same experiment; only `resume` itself may differ."""
+    saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+    current = OmegaConf.to_container(cfg, resolve=True)
+    saved.pop("resume", None), current.pop("resume", None)
+    if saved != current:
+        diff = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+        raise ConfigError(f"run directory {run_dir} was started with a different config (sections {', '.join(diff)} differ); "
+                          "resume with the same overrides or choose a new hydra.run.dir")
+
+
+def newest_valid_checkpoint(run_dir: Path) -> Path | None:
+    """The newest periodic checkpoint that loads; an unreadable newer one is skipped with a warning."""
+    for path in sorted((run_dir / "checkpoints").glob("step*.ckpt"), reverse=True):
+        try:
+            torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+            return path
+        except Exception as e:  # truncated or corrupt: any load error means "not this one"
+            rank_zero_warn(f"checkpoint {path} is unreadable ({type(e).__name__}); falling back to the previous one")
+    return None
+
+
+@rank_zero_only
+def set_aside_unfinished_log(run_dir: Path) -> None:
+    """A run restarted without any checkpoint keeps its earlier partial log under another name, never deletes it."""
+    if (run_dir / "metrics.csv").is_file():
+        (run_dir / "metrics.csv").rename(run_dir / f"metrics.unfinished-{time.strftime('%Y%m%d-%H%M%S')}.csv")
+
+
+@rank_zero_only
+def restore_csv_rows(csv_logger: CSVLogger, run_dir: Path, checkpoint: Path) -> None:
+    """Keep the rows up to the checkpoint's step, so the log has no duplicated or missing steps after resume."""
+    step = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)["global_step"]
+    with open(run_dir / "metrics.csv", newline="") as f:
+        rows = [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f) if int(row["step"]) <= step]
+    writer = csv_logger.experiment  # creating the writer removes the old file (Lightning's rule) ...
+    writer.metrics = rows           # ... so the kept rows are written back first
+    writer.save()
 
 
 @rank_zero_only

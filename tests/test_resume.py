@@ -1,0 +1,72 @@
+"""Exact resume: a run killed with SIGKILL and resumed ends where an uninterrupted run ends."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.conftest import REPO, SMALL
+from xsa_exp.config import ConfigError
+from xsa_exp.training import train
+
+pytestmark = pytest.mark.slow
+ARGS = [*SMALL, "train.max_steps=9", "train.checkpoint_every=3", "eval.every=2", "eval.diag_every=4"]
+
+
+def rows(run_dir):
+    with open(run_dir / "metrics.csv") as f:
+        return [{k: v for k, v in r.items() if k != "train/tokens_per_sec"} for r in csv.DictReader(f)]
+
+
+def final_weights(run_dir):
+    return torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=False)["state_dict"]
+
+
+def command(run_dir):
+    return [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "resume=auto", *ARGS]
+
+
+def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg):
+    reference = train(small_cfg("train.max_steps=9", "train.checkpoint_every=3", "eval.every=2", "eval.diag_every=4"),
+                      tmp_path / "reference")
+    run_dir = tmp_path / "killed"
+    process = subprocess.Popen(command(run_dir), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while not (run_dir / "checkpoints" / "step000006.ckpt").exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (run_dir / "checkpoints" / "final.ckpt").exists(), "the run finished before it could be killed"
+    resumed = subprocess.run(command(run_dir), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr + resumed.stdout
+    assert rows(run_dir) == rows(reference)  # same losses, bpb, lrs; no duplicated or missing steps
+    ours, theirs = final_weights(run_dir), final_weights(reference)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step*.ckpt")) == ["step000006.ckpt", "step000009.ckpt"]
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path, small_cfg):
+    cfg = small_cfg("train.max_steps=6", "train.checkpoint_every=2", "train.keep_checkpoints=3", "resume=auto")
+    run_dir = train(cfg, tmp_path / "run")
+    (run_dir / "checkpoints" / "final.ckpt").unlink()
+    (run_dir / "status.json").write_text(json.dumps({"status": "failed", "step": 6, "error": "preempted"}))
+    newest = run_dir / "checkpoints" / "step000006.ckpt"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    with pytest.warns(UserWarning, match="step000006.ckpt is unreadable"):
+        train(cfg, run_dir)
+    steps = [int(r["step"]) for r in rows(run_dir) if r["train/loss"]]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_refuses_a_different_config(tmp_path, small_cfg):
+    run_dir = train(small_cfg("train.max_steps=2", "resume=auto"), tmp_path / "run")
+    with pytest.raises(ConfigError, match="was started with a different config"):
+        train(small_cfg("train.max_steps=2", "resume=auto", "xsa.alpha=0.5"), run_dir)
