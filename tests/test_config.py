@@ -63,7 +63,7 @@ def test_missing_package_is_named(monkeypatch):
 
 def run_train(*args, tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *args],
+    result = subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={run_dir}"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     return result, run_dir
 
@@ -74,6 +74,7 @@ def run_train(*args, tmp_path):
     (["model.n_head=3"], "config error: model.n_embd=128 is not divisible by model.n_head=3"),
     (["depth=d13"], "config error: depth=d13 is not an option; allowed: d12, d24, tiny"),
     (["-m", "xsa=full,half"], "config error: xsa=half is not an option; allowed: full, learnable, off"),
+    (["-m", "trainer=cpu", "trainer.devices=2", "seed=1,2"], "config error: multi-device training inside a local Hydra sweep"),
 ])
 def test_bad_config_exits_before_creating_a_run_directory(args, message, tmp_path):
     result, run_dir = run_train(*args, tmp_path=tmp_path)
@@ -81,3 +82,13 @@ def test_bad_config_exits_before_creating_a_run_directory(args, message, tmp_pat
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), result.stderr
     assert not run_dir.exists()
+
+
+def test_slurm_launcher_composes_with_one_task_per_gpu():
+    from hydra import compose, initialize_config_dir
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["hydra/launcher=slurm", "trainer.devices=8", "trainer.num_nodes=2"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.tasks_per_node, launcher.gpus_per_node, launcher.nodes) == (8, 8, 2)

@@ -147,3 +147,11 @@ class ValidateConfigCallback(Callback):
         except ConfigError as e:
             print(f"config error: {e}", file=sys.stderr)
             sys.exit(2)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        # Before the sweep directory exists. Lightning's DDP re-launches the script once per device,
+        # which a local Hydra sweep cannot host.
+        if config.hydra.launcher._target_.endswith("BasicLauncher") and world_size(config.trainer) > 1:
+            print("config error: multi-device training inside a local Hydra sweep is not supported; run each multi-GPU "
+                  "job as its own `python train.py ...`, or sweep on a cluster with hydra/launcher=slurm", file=sys.stderr)
+            sys.exit(2)
