@@ -123,6 +123,25 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
         print(line)
     if device == "cpu":
         print(f"process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB (all arms)")
+    op_ms = xsa_op_time(cfg, batch_size, device) * cfg.model.n_layer * 1e3
+    print(f"XSA op alone, forward + backward over {cfg.model.n_layer} layers: {op_ms:.2f} ms = "
+          f"{op_ms / (statistics.median(base) * 1e3):.2%} of the median alpha=0 step")
+
+
+def xsa_op_time(cfg, batch_size: int, device: str, reps: int = 50) -> float:
+    """Median time of the XSA op's forward and backward on one layer's (B, H, T, D) tensors: a low-noise
+    lower bound on what XSA adds to a step (whole-step ratios carry the machine's step-to-step noise)."""
+    from xsa_exp.model import exclusive_self_attention
+
+    shape = (batch_size, cfg.model.n_head, cfg.model.sequence_len, cfg.model.n_embd // cfg.model.n_head)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    y = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn(shape, device=device, dtype=dtype)
+    step = lambda: exclusive_self_attention(y, v, 1.0).backward(grad)  # noqa: E731
+    for _ in range(5):
+        step()
+    return statistics.median(timed(step, device) for _ in range(reps))
 
 
 class FixedBatch(torch.utils.data.Dataset):

@@ -83,7 +83,9 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     validate(cfg)
     run_dir = Path(run_dir).resolve()
     resume_from = None
-    if (run_dir / "config.yaml").exists():
+    # Under DDP every rank runs this with the same run_dir; only rank 0 creates the run, so only it
+    # may find someone else's run there (the others may already see the config rank 0 just wrote).
+    if (run_dir / "config.yaml").exists() and (cfg.resume == "auto" or rank_zero_only.rank == 0):
         if cfg.resume != "auto":
             raise ConfigError(f"run directory {run_dir} already holds a run; nothing was overwritten — choose a new "
                               "hydra.run.dir, or add resume=auto to continue it")
