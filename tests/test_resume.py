@@ -47,6 +47,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr + resumed.stdout
     assert rows(run_dir) == rows(reference)  # same losses, bpb, lrs; no duplicated or missing steps
+    assert (run_dir / "diagnostics.jsonl").read_text() == (reference / "diagnostics.jsonl").read_text()
     ours, theirs = final_weights(run_dir), final_weights(reference)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"

@@ -184,20 +184,36 @@ def newest_valid_checkpoint(run_dir: Path) -> Path | None:
 
 @rank_zero_only
 def set_aside_unfinished_log(run_dir: Path) -> None:
-    """A run restarted without any checkpoint keeps its earlier partial log under another name, never deletes it."""
-    if (run_dir / "metrics.csv").is_file():
-        (run_dir / "metrics.csv").rename(run_dir / f"metrics.unfinished-{time.strftime('%Y%m%d-%H%M%S')}.csv")
+    """A run restarted without any checkpoint keeps its earlier partial logs under other names, never deletes them."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for name in ("metrics.csv", "diagnostics.jsonl"):
+        path = run_dir / name
+        if path.is_file():
+            path.rename(path.with_name(f"{path.stem}.unfinished-{stamp}{path.suffix}"))
+
+
+def diagnostics_step(line: str) -> float:
+    """The step of a diagnostics.jsonl line; a line cut short by a kill counts as after any checkpoint."""
+    try:
+        return json.loads(line)["step"]
+    except ValueError:
+        return float("inf")
 
 
 @rank_zero_only
 def restore_csv_rows(csv_logger: CSVLogger, run_dir: Path, checkpoint: Path) -> None:
-    """Keep the rows up to the checkpoint's step, so the log has no duplicated or missing steps after resume."""
+    """Keep the rows (and diagnostics lines) up to the checkpoint's step, so the logs have no duplicated
+    or missing steps after resume."""
     step = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)["global_step"]
     with open(run_dir / "metrics.csv", newline="") as f:
         rows = [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f) if int(row["step"]) <= step]
     writer = csv_logger.experiment  # creating the writer removes the old file (Lightning's rule) ...
     writer.metrics = rows           # ... so the kept rows are written back first
     writer.save()
+    diagnostics = run_dir / "diagnostics.jsonl"
+    if diagnostics.is_file():
+        kept = [line for line in diagnostics.read_text().splitlines() if diagnostics_step(line) <= step]
+        diagnostics.write_text("".join(line + "\n" for line in kept))
 
 
 @rank_zero_only
