@@ -169,10 +169,10 @@ def test_ranks_and_workers_split_the_single_process_sequence(mirror, cache, refe
     cfg = climbmix_cfg(mirror, f"data.num_workers={workers}")
     per_rank = [take_rows(datamodule(cfg, cache, rank=r, world_size=world_size), len(expected) // world_size)
                 for r in range(world_size)]
-    merged = torch.empty_like(expected)
+    merged = torch.empty_like(expected).view(-1, BATCH, SEQ + 1)
     for r, rows in enumerate(per_rank):
-        merged[r::world_size] = rows  # rank r holds global rows r, r + R, r + 2R, ...
-    assert torch.equal(merged, expected)
+        merged[r::world_size] = rows.view(-1, BATCH, SEQ + 1)  # rank r holds global batches r, r + R, ...
+    assert torch.equal(merged.view_as(expected), expected)
 
 
 # (3) the order depends on the seed only
@@ -211,7 +211,7 @@ def test_state_dict_resumes_at_the_next_row(mirror, cache, reference, world_size
         resumed.append(next(iter(data.train_dataloader())))
     start = state["rows_consumed"]
     for r, batch in enumerate(resumed):
-        assert torch.equal(batch, expected[start + r: start + BATCH * world_size: world_size])
+        assert torch.equal(batch, expected[start + r * BATCH: start + (r + 1) * BATCH])
 
 
 class Recorder(L.LightningModule):

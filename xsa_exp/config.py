@@ -80,6 +80,7 @@ def validate(cfg: DictConfig) -> None:
     o = cfg.optim
     _choice(cfg, "optim.matrix_algorithm", ("muon", "adamw"))
     _choice(cfg, "optim.muon.ns_coefficients", ("quintic", "polar_express"))
+    _choice(cfg, "optim.muon.ns_dtype", ("bfloat16", "float32"))
     for key in ("warmup_frac", "warmdown_frac", "final_lr_frac"):
         if not 0.0 <= o.schedule[key] <= 1.0:
             raise ConfigError(f"optim.schedule.{key}={o.schedule[key]} must be in [0, 1]")

@@ -8,9 +8,11 @@ arms that differ in model or XSA settings see the same batches in the same order
   and shuffled through a buffer of data.shuffle_rows rows seeded with (seed, epoch). Memory holds the
   buffer and one batch of documents, however long the run.
 
-Rank r of R takes global rows r, r+R, r+2R, ... and batches them in order; its DataLoader worker w
-of W makes the rank's batches w, w+W, ... (the DataLoader hands out workers' batches round-robin),
-so no row is read twice or skipped and the sequence does not depend on R or W. The price: every
+The global sequence is cut into batches of device_batch_size rows; rank r of R takes batches r, r+R,
+r+2R, ... and its DataLoader worker w of W makes the rank's batches w, w+W, ... (the DataLoader
+hands out workers' batches round-robin), so no row is read twice or skipped and the sequence does
+not depend on R or W. Whole batches per rank make R ranks sum exactly the per-batch gradients that
+one device sums over R accumulated micro-batches. The price: every
 reader walks the whole sequence and keeps its share, so for a streamed corpus each reader tokenizes
 all the text; more workers give no more throughput than one (which moves reading off the training
 process).
@@ -85,7 +87,11 @@ def buffer_shuffle(items: Iterable, size: int, rng: random.Random) -> Iterator:
 
 
 class RankBatches(IterableDataset):
-    """This rank's (and DataLoader worker's) batches of the global row sequence, from global row start_row on."""
+    """This rank's (and DataLoader worker's) batches of the global row sequence, from global row start_row on.
+
+    The global sequence is cut into batches of batch_size rows; rank r of R takes batches r, r + R, ...,
+    and DataLoader worker w of W takes that rank's batches w, w + W, ... (so the loader's round-robin
+    over workers restores the rank's order)."""
 
     def __init__(self, rows: Iterable[torch.Tensor], batch_size: int, rank: int = 0, world_size: int = 1,
                  start_row: int = 0):
@@ -99,7 +105,10 @@ class RankBatches(IterableDataset):
         batch = []
         for index, row in enumerate(self.rows):
             offset = index - self.start_row
-            if offset < 0 or offset % self.world_size != self.rank or (offset // rows_per_batch) % n_workers != worker_id:
+            # Rank r takes whole global batches r, r + R, ...: a step then sums the same per-batch gradients
+            # whether they come from R ranks or from R accumulated micro-batches on one device.
+            if offset < 0 or (offset // self.batch_size) % self.world_size != self.rank \
+                    or (offset // rows_per_batch) % n_workers != worker_id:
                 continue
             batch.append(row)
             if len(batch) == self.batch_size:

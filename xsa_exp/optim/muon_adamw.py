@@ -24,12 +24,15 @@ POLAR_EXPRESS_COEFFICIENTS = (
 )
 
 
-def orthogonalize(g: torch.Tensor, ns_steps: int = 5, coefficients: str = "quintic") -> torch.Tensor:
-    """Approximate U V^T of g = U S V^T by Newton-Schulz iterations in bf16.
+def orthogonalize(g: torch.Tensor, ns_steps: int = 5, coefficients: str = "quintic",
+                  dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Approximate U V^T of g = U S V^T by Newton-Schulz iterations, in bf16 by default.
 
-    The quintic path uses the same operations and order as torch.optim.Muon, so a step matches it.
+    The quintic path in bf16 uses the same operations and order as torch.optim.Muon, so a step matches
+    it. fp32 costs more but does not amplify last-bit differences in g (e.g. from a different
+    gradient summation order across devices) into bf16 rounding flips.
     """
-    x = g.bfloat16()
+    x = g.to(dtype)
     transposed = g.size(0) > g.size(1)
     if transposed:
         x = x.T
@@ -47,7 +50,7 @@ def orthogonalize(g: torch.Tensor, ns_steps: int = 5, coefficients: str = "quint
 
 class MuonAdamW(torch.optim.Optimizer):
     """Param groups carry `algorithm`; Muon groups: lr, momentum, nesterov, ns_steps, ns_coefficients,
-    weight_decay; AdamW groups: lr, betas, eps, weight_decay. Both use decoupled weight decay."""
+    ns_dtype (optional, "bfloat16" by default), weight_decay; AdamW groups: lr, betas, eps, weight_decay. Both use decoupled weight decay."""
 
     def __init__(self, param_groups: list[dict]):
         for group in param_groups:
@@ -81,7 +84,8 @@ class MuonAdamW(torch.optim.Optimizer):
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - momentum)
             update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-            update = orthogonalize(update, group["ns_steps"], group["ns_coefficients"])
+            update = orthogonalize(update, group["ns_steps"], group["ns_coefficients"],
+                                   getattr(torch, group.get("ns_dtype", "bfloat16")))
             p.mul_(1 - lr * wd)
             p.add_(update.to(p.dtype), alpha=-lr * math.sqrt(max(1.0, p.size(0) / p.size(1))))
 
