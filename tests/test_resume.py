@@ -71,3 +71,26 @@ def test_resume_refuses_a_different_config(tmp_path, small_cfg):
     run_dir = train(small_cfg("train.max_steps=2", "resume=auto"), tmp_path / "run")
     with pytest.raises(ConfigError, match="was started with a different config"):
         train(small_cfg("train.max_steps=2", "resume=auto", "xsa.alpha=0.5"), run_dir)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_preemption_signal_saves_at_the_next_update_and_exits_cleanly(tmp_path, small_cfg, signum):
+    reference = train(small_cfg("train.max_steps=9", "eval.every=2", "eval.diag_every=4"), tmp_path / "reference")
+    run_dir = tmp_path / "preempted"
+    args = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "resume=auto", *SMALL, "train.max_steps=9",
+            "eval.every=2", "eval.diag_every=4", "log.print_every=1"]
+    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:  # signal as soon as step 2 has been logged
+        if "step      2/9 | loss" in line:
+            process.send_signal(signum)
+            break
+    process.stdout.read()
+    assert process.wait(timeout=300) == 0
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "interrupted" and 2 <= status["step"] < 9
+    assert (run_dir / "checkpoints" / f"step{status['step']:06d}.ckpt").is_file()
+    resumed = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert rows(run_dir) == rows(reference)
+    ours, theirs = final_weights(run_dir), final_weights(reference)
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)

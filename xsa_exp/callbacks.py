@@ -8,6 +8,7 @@ at the last step. Every row carries tokens_seen = step x total_batch_tokens.
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import lightning as L
@@ -186,3 +187,36 @@ class PeriodicCheckpoint(ModelCheckpoint):
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
         self._last_global_step_saved = trainer.global_step
+
+
+class PreemptionCheckpoint(L.Callback):
+    """SIGTERM, or SIGUSR1 (SLURM's warning before preemption or time-out): finish the update in
+    progress, save a resumable checkpoint of it and stop cleanly; `resume=auto` continues from there.
+
+    Replaces Lightning's own handlers for the run, which would stop mid-accumulation. Under DDP rank 0's
+    flag is broadcast at every update, so all ranks stop at the same step."""
+
+    def __init__(self, dirpath):
+        self.dirpath = dirpath
+        self.signal_name: str | None = None
+        self.stopped_at: int | None = None
+
+    def _request(self, signum, frame) -> None:
+        self.signal_name = signal.Signals(signum).name
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.last_step = trainer.global_step
+        for signum in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(signum, self._request)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step == self.last_step:  # mid-accumulation: the update is not finished
+            return
+        self.last_step = step
+        if trainer.strategy.broadcast(self.signal_name is not None, src=0) and step < trainer.max_steps:
+            trainer.save_checkpoint(self.dirpath / f"step{step:06d}.ckpt")
+            rank_zero_info(f"{self.signal_name or 'signal'} received: saved {self.dirpath / f'step{step:06d}.ckpt'} "
+                           "and stopping; continue with resume=auto")
+            self.stopped_at = step
+            trainer.should_stop = True

@@ -16,7 +16,8 @@ from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
-from xsa_exp.callbacks import AttentionDiagnostics, CoreEvaluation, PeriodicCheckpoint, TrainMetrics, ValidationBPB
+from xsa_exp.callbacks import (AttentionDiagnostics, CoreEvaluation, PeriodicCheckpoint, PreemptionCheckpoint,
+                               TrainMetrics, ValidationBPB)
 from xsa_exp.config import ConfigError, grad_accumulation, validate
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.eval.core import resolve_bundle_dir
@@ -131,7 +132,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
         # Recorded so that a sweep's report lists this job as failed instead of reading a partial log as a result.
         save_status(run_dir, "failed", trainer.global_step, f"{type(e).__name__}: {e}")
         raise
-    if trainer.interrupted:
+    preemption = next(c for c in callbacks if isinstance(c, PreemptionCheckpoint))
+    if trainer.interrupted or preemption.stopped_at is not None:
         save_status(run_dir, "interrupted", trainer.global_step)
         return run_dir
     trainer.save_checkpoint(run_dir / "checkpoints" / "final.ckpt")
@@ -152,6 +154,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
                  CoreEvaluation(e.core_every, tokens, resolve_bundle_dir(e.bundle_dir), e.core_max_per_task)]
     if cfg.train.checkpoint_every > 0:
         callbacks.append(PeriodicCheckpoint(run_dir / "checkpoints", cfg.train.checkpoint_every, cfg.train.keep_checkpoints))
+    callbacks.append(PreemptionCheckpoint(run_dir / "checkpoints"))
     return callbacks
 
 
