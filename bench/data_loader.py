@@ -1,0 +1,88 @@
+"""Data pipeline figures: loader throughput vs training throughput, and memory of streamed runs.
+
+    python bench/data_loader.py [--steps 50]
+
+1. Loader alone: tokens/s of the tiny preset's training DataLoader for the embedded corpus and for a
+   streamed `data=local` parquet corpus (written here: 8 files of random-word documents), compared
+   with the tiny preset's training tokens/s (one timed training run of 30 steps).
+2. Memory: peak RSS of `python train.py data=local ...` (streamed) over N and 4N steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from itertools import islice
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hydra import compose, initialize_config_dir
+
+from xsa_exp.data.datamodule import TextDataModule
+
+REPO = Path(__file__).resolve().parents[1]
+def write_corpus(folder: Path, files: int = 8, docs: int = 3000) -> None:
+    """Documents of words drawn from 20,000 random letter strings: enough variety for a 4096-token BPE."""
+    rng = random.Random(0)
+    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(20000)]
+    for i in range(files):
+        texts = [" ".join(rng.choices(words, k=rng.randint(50, 400))) for _ in range(docs)]
+        pq.write_table(pa.table({"text": texts}), folder / f"part_{i:03d}.parquet")
+
+
+def loader_tokens_per_second(overrides: list[str], batches: int) -> float:
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    data = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size, cfg.train.device_batch_size,
+                          cfg.seed, cfg.cache_dir)
+    data.prepare_data()
+    data.setup()
+    loader = iter(data.train_dataloader())
+    next(loader)  # start-up (workers, first file) is not throughput
+    start = time.perf_counter()
+    tokens = sum(batch.numel() for batch in islice(loader, batches))
+    return tokens / (time.perf_counter() - start)
+
+
+def timed_train(args: list[str]) -> tuple[float, int, float]:
+    """(wall seconds, peak RSS MB, median train tokens/s) of one train.py run, via /usr/bin/time -v."""
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        result = subprocess.run(["/usr/bin/time", "-v", sys.executable, "train.py", f"hydra.run.dir={tmp}/run", *args],
+                                cwd=REPO, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        if result.returncode:
+            sys.exit(result.stderr[-3000:])
+        rss_mb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", result.stderr).group(1)) // 1024
+        with open(Path(tmp) / "run" / "metrics.csv") as f:
+            rates = sorted(float(r["train/tokens_per_sec"]) for r in csv.DictReader(f) if r["train/tokens_per_sec"])
+    return wall, rss_mb, rates[len(rates) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=50)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp)
+        write_corpus(corpus)
+        local = ["data=local", f"data.path={corpus}", "logger=csv"]
+        _, _, train_rate = timed_train(["logger=csv", "train.max_steps=30", "eval.every=1000", "eval.diag_every=0"])
+        print(f"training, tiny preset: {train_rate:,.0f} tokens/s (median over 30 steps)")
+        for name, overrides in (("sample (in memory)", []), ("local parquet (streamed)", local)):
+            rate = loader_tokens_per_second(overrides, 200)
+            print(f"loader alone, {name}: {rate:,.0f} tokens/s = {rate / train_rate:,.0f}x training")
+        for steps in (args.steps, 4 * args.steps):
+            wall, rss, _ = timed_train([*local, f"train.max_steps={steps}", "eval.every=1000", "eval.diag_every=0"])
+            print(f"streamed run, {steps} steps: peak RSS {rss} MB, wall {wall:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
