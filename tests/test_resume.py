@@ -94,3 +94,31 @@ def test_preemption_signal_saves_at_the_next_update_and_exits_cleanly(tmp_path, 
     assert rows(run_dir) == rows(reference)
     ours, theirs = final_weights(run_dir), final_weights(reference)
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_unwritable_run_directory_is_one_clear_error(tmp_path, small_cfg):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="is not writable"):
+        train(small_cfg(), blocker / "run")
+
+
+def test_disk_full_while_checkpointing_keeps_the_good_checkpoints(tmp_path, small_cfg, monkeypatch):
+    import errno
+
+    from lightning.fabric.plugins.io import torch_io
+
+    real_save = torch_io._atomic_save
+
+    def full_disk(checkpoint, path):
+        if "step000004" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(checkpoint, path)
+
+    monkeypatch.setattr(torch_io, "_atomic_save", full_disk)
+    run_dir = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="cannot write to run directory .* at step 4 .No space left on device"):
+        train(small_cfg("train.max_steps=6", "train.checkpoint_every=2"), run_dir)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step000002.ckpt"]
+    assert torch.load(run_dir / "checkpoints" / "step000002.ckpt", weights_only=False)["global_step"] == 2
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"

@@ -151,3 +151,27 @@ def test_non_finite_loss_stops_the_run_naming_the_step(small_cfg, tmp_path, monk
         train(small_cfg(), tmp_path / "run")
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["status"] == "failed" and status["step"] == 2 and "non-finite loss" in status["error"]
+
+
+def test_non_finite_steps_can_be_skipped_up_to_a_limit(small_cfg, tmp_path, monkeypatch):
+    from xsa_exp.model import gpt
+
+    real_forward = gpt.GPT.forward
+    calls = []
+
+    def poisoned(self, idx, targets=None, **kw):
+        out = real_forward(self, idx, targets, **kw)
+        if self.training:
+            calls.append(1)
+        return out * float("nan") if self.training and len(calls) in (3, 7) else out  # steps 2 and 4
+
+    monkeypatch.setattr(gpt.GPT, "forward", poisoned)
+    with pytest.warns(UserWarning, match="non-finite loss at step 2: update skipped"):
+        with pytest.raises(FloatingPointError, match="non-finite loss at step 4"):
+            train(small_cfg("train.skip_nonfinite_steps=1"), tmp_path / "one")
+    calls.clear()
+    run_dir = train(small_cfg("train.skip_nonfinite_steps=2"), tmp_path / "two")
+    rows = [r for r in read_rows(run_dir) if r["train/loss"]]
+    assert [r["step"] for r in rows] == ["1", "2", "3", "4", "5", "6"]
+    assert rows[1]["train/loss"] == "nan" and rows[1]["train/loss_smooth"] == rows[0]["train/loss_smooth"]
+    assert float(rows[-1]["train/skipped_steps"]) == 2 and all(r["train/loss_smooth"] != "nan" for r in rows)

@@ -8,6 +8,7 @@ at the last step. Every row carries tokens_seen = step x total_batch_tokens.
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
 
@@ -34,7 +35,10 @@ class BiasCorrectedEMA:
     def update(self, x: float) -> float:
         self.count += 1
         self.value = self.beta * self.value + (1 - self.beta) * x
-        return self.value / (1 - self.beta**self.count)
+        return self.current()
+
+    def current(self) -> float:
+        return self.value / (1 - self.beta**self.count) if self.count else float("nan")
 
 
 class TrainMetrics(L.Callback):
@@ -74,7 +78,8 @@ class TrainMetrics(L.Callback):
         stats = pl_module.pop_update_stats()
         row = {"train/loss": stats.pop("loss"), "train/loss_smooth": 0.0,
                "train/tokens_per_sec": self.tokens_per_step / elapsed}
-        row["train/loss_smooth"] = self.ema.update(row["train/loss"])
+        # A skipped non-finite step would poison the average for good; it keeps its last value instead.
+        row["train/loss_smooth"] = self.ema.update(row["train/loss"]) if math.isfinite(row["train/loss"]) else self.ema.current()
         row.update({f"train/{k}": v for k, v in stats.items()})
         log_row(trainer, row, step, self.tokens_per_step)
         if step % self.print_every == 0 or step == trainer.max_steps:

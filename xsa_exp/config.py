@@ -101,6 +101,8 @@ def validate(cfg: DictConfig) -> None:
         _positive_int(cfg.train.max_steps, "train.max_steps")
     if cfg.resume not in (None, "auto"):
         raise ConfigError(f"resume={cfg.resume!r} is not an option; allowed: null, auto (with hydra.run.dir set to the run)")
+    if cfg.train.skip_nonfinite_steps < 0:
+        raise ConfigError(f"train.skip_nonfinite_steps={cfg.train.skip_nonfinite_steps} must be >= 0")
     if cfg.train.checkpoint_every < 0 or cfg.train.keep_checkpoints < 1:
         raise ConfigError("train.checkpoint_every must be >= 0 and train.keep_checkpoints >= 1")
     if not 0.0 <= cfg.log.ema_beta < 1.0:

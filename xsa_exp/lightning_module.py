@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from xsa_exp.model import GPT
 from xsa_exp.optim import WarmupConstantWarmdown, build_optimizer
 
 
 class LanguageModel(L.LightningModule):
-    def __init__(self, model: GPT, optim_cfg, total_steps: int, run_config: dict | None = None):
+    def __init__(self, model: GPT, optim_cfg, total_steps: int, run_config: dict | None = None,
+                 max_skipped_steps: int = 0):
         super().__init__()
         self.model = model
         self.optim_cfg = optim_cfg
         self.total_steps = total_steps
         self.run_config = run_config
+        self.max_skipped_steps = max_skipped_steps
+        self.skipped_steps = 0
         self._reset_update_stats()
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Enough to rebuild the model without the run directory: its config, and where its tokenizer lives.
-        checkpoint["xsa_exp"] = {"config": self.run_config, "tokenizer_dir": "tokenizer"}
+        checkpoint["xsa_exp"] = {"config": self.run_config, "tokenizer_dir": "tokenizer", "skipped_steps": self.skipped_steps}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.skipped_steps = checkpoint.get("xsa_exp", {}).get("skipped_steps", 0)
 
     def _reset_update_stats(self) -> None:
         self._loss_sum = torch.zeros(())
@@ -38,10 +45,19 @@ class LanguageModel(L.LightningModule):
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads)
         if not (torch.isfinite(grad_norm) and torch.isfinite(self._loss_sum)):
-            # Stop before the bad update reaches the weights; the run's last checkpoint stays the last good state.
             what = "loss" if not torch.isfinite(self._loss_sum) else "gradient"
-            raise FloatingPointError(f"non-finite {what} at step {self.trainer.global_step + 1}; "
-                                     "lower the learning rates or enable train.grad_clip")
+            step = self.trainer.global_step + 1
+            if self.skipped_steps >= self.max_skipped_steps:
+                # Stop before the bad update reaches the weights; the last checkpoint stays the last good state.
+                raise FloatingPointError(f"non-finite {what} at step {step}; lower the learning rates, enable "
+                                         "train.grad_clip, or allow train.skip_nonfinite_steps")
+            # Skip: no parameter has a gradient, so the optimizer leaves weights and state untouched.
+            self.skipped_steps += 1
+            for p in self.parameters():
+                p.grad = None
+            rank_zero_warn(f"non-finite {what} at step {step}: update skipped "
+                           f"({self.skipped_steps} of train.skip_nonfinite_steps={self.max_skipped_steps})")
+        self._update["skipped_steps"] = self.skipped_steps
         self._update["grad_norm"] = grad_norm
         for group in optimizer.param_groups:
             self._update[f"lr/{group['role']}"] = group["lr"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import shutil
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -83,6 +85,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     """Train one model as configured; returns the run directory."""
     validate(cfg)
     run_dir = Path(run_dir).resolve()
+    check_writable(run_dir)
     resume_from = None
     # Under DDP every rank runs this with the same run_dir; only rank 0 creates the run, so only it
     # may find someone else's run there (the others may already see the config rank 0 just wrote).
@@ -111,7 +114,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
 
     datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size,
                                 cfg.train.device_batch_size, cfg.seed, cfg.cache_dir)
-    module = LanguageModel(model, cfg.optim, max_steps, OmegaConf.to_container(cfg, resolve=True))
+    module = LanguageModel(model, cfg.optim, max_steps, OmegaConf.to_container(cfg, resolve=True),
+                           cfg.train.skip_nonfinite_steps)
     if cfg.train.compile:
         model.compile()
     loggers = build_loggers(cfg, run_dir, summary)
@@ -130,7 +134,12 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     except BaseException as e:
         # Recorded so that a sweep's report lists this job as failed instead of reading a partial log as a result.
-        save_status(run_dir, "failed", trainer.global_step, f"{type(e).__name__}: {e}")
+        with contextlib.suppress(OSError):  # a full disk may refuse this too
+            save_status(run_dir, "failed", trainer.global_step, f"{type(e).__name__}: {e}")
+        if isinstance(e, OSError):
+            raise RuntimeError(f"cannot write to run directory {run_dir} at step {trainer.global_step} ({e.strerror or e}); "
+                               "completed checkpoints are intact — free space or fix permissions, then rerun with "
+                               "resume=auto") from e
         raise
     preemption = next(c for c in callbacks if isinstance(c, PreemptionCheckpoint))
     if trainer.interrupted or preemption.stopped_at is not None:
@@ -156,6 +165,15 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
         callbacks.append(PeriodicCheckpoint(run_dir / "checkpoints", cfg.train.checkpoint_every, cfg.train.keep_checkpoints))
     callbacks.append(PreemptionCheckpoint(run_dir / "checkpoints"))
     return callbacks
+
+
+def check_writable(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=run_dir):
+            pass
+    except OSError as e:
+        raise ConfigError(f"run directory {run_dir} is not writable ({e.strerror or e}); choose another hydra.run.dir") from None
 
 
 def read_status(run_dir: Path) -> str | None:
