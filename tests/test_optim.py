@@ -145,3 +145,41 @@ def test_schedule_warmup_constant_warmdown_and_momentum():
     assert lrs[75] == pytest.approx(0.1 * (0.5 * 0.2 + 0.5))
     assert lrs[99] == pytest.approx(0.1 * (0.02 + 0.98 * 0.2))
     assert momenta[0] == 0.85 and momenta[20] == pytest.approx(0.90) and momenta[40:] == [pytest.approx(0.95)] * 60
+
+
+def _sharded_worker(rank: int, world: int, port: int, out: str) -> None:
+    import os
+
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    params = _sharded_problem_steps(sharded=True)
+    if rank == 1:  # the rank that did not orthogonalize matrix 0 must still end with identical weights
+        torch.save([p.detach() for p in params], out)
+    dist.destroy_process_group()
+
+
+def _sharded_problem_steps(sharded: bool) -> list:
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in [(32, 16), (16, 48), (24, 24)]]
+    opt = MuonAdamW([muon_group(params, sharded=sharded)])
+    for step in range(3):
+        for i, p in enumerate(params):
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(100 * step + i))
+        opt.step()
+    return params
+
+
+@pytest.mark.slow
+def test_sharded_orthogonalization_equals_the_unsharded_update(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "rank1.pt")
+    mp.spawn(_sharded_worker, args=(2, port, out), nprocs=2)
+    expected = _sharded_problem_steps(sharded=False)
+    for got, want in zip(torch.load(out), expected):
+        assert torch.equal(got, want.detach())

@@ -122,6 +122,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     callbacks = build_callbacks(cfg, run_dir)
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
+        strategy=cfg.trainer.strategy,
         precision=run["precision"], max_steps=max_steps, accumulate_grad_batches=run["grad_accumulation"],
         gradient_clip_val=cfg.train.grad_clip or None, logger=loggers, callbacks=callbacks,
         limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=cfg.train.checkpoint_every > 0,

@@ -19,7 +19,7 @@ def build_param_groups(model, optim_cfg) -> list[dict]:
             muon = optim_cfg.muon
             groups.append(dict(role=role, algorithm="muon", params=params, lr=lr, momentum=float(muon.momentum),
                                nesterov=bool(muon.nesterov), ns_steps=int(muon.ns_steps),
-                               ns_coefficients=str(muon.ns_coefficients), ns_dtype=str(muon.ns_dtype),
+                               ns_coefficients=str(muon.ns_coefficients), ns_dtype=str(muon.ns_dtype), sharded=bool(muon.sharded),
                                weight_decay=float(muon.weight_decay)))
             continue
         if role in WIDTH_SCALED_ROLES:

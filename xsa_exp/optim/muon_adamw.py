@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 
 # Keller Jordan's quintic, maximising the slope at zero (same as torch.optim.Muon).
 QUINTIC_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -50,7 +51,7 @@ def orthogonalize(g: torch.Tensor, ns_steps: int = 5, coefficients: str = "quint
 
 class MuonAdamW(torch.optim.Optimizer):
     """Param groups carry `algorithm`; Muon groups: lr, momentum, nesterov, ns_steps, ns_coefficients,
-    ns_dtype (optional, "bfloat16" by default), weight_decay; AdamW groups: lr, betas, eps, weight_decay. Both use decoupled weight decay."""
+    ns_dtype (optional, "bfloat16" by default), sharded (optional), weight_decay; AdamW groups: lr, betas, eps, weight_decay. Both use decoupled weight decay."""
 
     def __init__(self, param_groups: list[dict]):
         for group in param_groups:
@@ -75,17 +76,29 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _muon_step(self, group: dict) -> None:
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
+        ns_dtype = getattr(torch, group.get("ns_dtype", "bfloat16"))
+        params = [p for p in group["params"] if p.grad is not None]
+        # sharded: under torch.distributed each rank orthogonalizes every world_size-th matrix and
+        # broadcasts it; momentum (cheap) is still kept on every rank, so all states stay identical.
+        sharded = group.get("sharded", False) and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
+        updates = []
+        for i, p in enumerate(params):
             state = self.state[p]
             if not state:
                 state["momentum_buffer"] = torch.zeros_like(p)
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - momentum)
-            update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-            update = orthogonalize(update, group["ns_steps"], group["ns_coefficients"],
-                                   getattr(torch, group.get("ns_dtype", "bfloat16")))
+            if i % world == rank:
+                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+                update = orthogonalize(update, group["ns_steps"], group["ns_coefficients"], ns_dtype)
+                updates.append(update.contiguous() if sharded else update)  # broadcast sends raw memory
+            else:
+                updates.append(torch.empty(p.shape, dtype=ns_dtype, device=p.device))
+        if sharded:
+            for handle in [dist.broadcast(u, src=i % world, async_op=True) for i, u in enumerate(updates)]:
+                handle.wait()
+        for p, update in zip(params, updates):
             p.mul_(1 - lr * wd)
             p.add_(update.to(p.dtype), alpha=-lr * math.sqrt(max(1.0, p.size(0) / p.size(1))))
 
