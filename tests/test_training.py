@@ -134,26 +134,8 @@ def test_alpha_one_run_logs_out_self_cos_near_zero(xsa_run):
     assert len(lines) == 2 and len(json.loads(lines[0])["diag_attn"]) == 2
 
 
-def test_non_finite_loss_stops_the_run_naming_the_step(small_cfg, tmp_path, monkeypatch):
-    from xsa_exp.model import gpt
-
-    real_forward = gpt.GPT.forward
-    calls = []
-
-    def poisoned(self, idx, targets=None, **kw):
-        out = real_forward(self, idx, targets, **kw)
-        if self.training:
-            calls.append(1)  # two micro-batches per step: the 5th is the first of step 3
-        return out * float("nan") if self.training and len(calls) == 5 else out
-
-    monkeypatch.setattr(gpt.GPT, "forward", poisoned)
-    with pytest.raises(FloatingPointError, match="non-finite loss at step 3"):
-        train(small_cfg(), tmp_path / "run")
-    status = json.loads((tmp_path / "run" / "status.json").read_text())
-    assert status["status"] == "failed" and status["step"] == 2 and "non-finite loss" in status["error"]
-
-
-def test_non_finite_steps_can_be_skipped_up_to_a_limit(small_cfg, tmp_path, monkeypatch):
+def poison_training_micro_batches(monkeypatch, poisoned_calls: set[int]) -> list:
+    """Make the training forward return NaN on the given micro-batches (1-based; 2 per step here)."""
     from xsa_exp.model import gpt
 
     real_forward = gpt.GPT.forward
@@ -163,9 +145,22 @@ def test_non_finite_steps_can_be_skipped_up_to_a_limit(small_cfg, tmp_path, monk
         out = real_forward(self, idx, targets, **kw)
         if self.training:
             calls.append(1)
-        return out * float("nan") if self.training and len(calls) in (3, 7) else out  # steps 2 and 4
+        return out * float("nan") if self.training and len(calls) in poisoned_calls else out
 
     monkeypatch.setattr(gpt.GPT, "forward", poisoned)
+    return calls
+
+
+def test_non_finite_loss_stops_the_run_naming_the_step(small_cfg, tmp_path, monkeypatch):
+    poison_training_micro_batches(monkeypatch, {5})  # the first micro-batch of step 3
+    with pytest.raises(FloatingPointError, match="non-finite loss at step 3"):
+        train(small_cfg(), tmp_path / "run")
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["status"] == "failed" and status["step"] == 2 and "non-finite loss" in status["error"]
+
+
+def test_non_finite_steps_can_be_skipped_up_to_a_limit(small_cfg, tmp_path, monkeypatch):
+    calls = poison_training_micro_batches(monkeypatch, {3, 7})  # steps 2 and 4
     with pytest.warns(UserWarning, match="non-finite loss at step 2: update skipped"):
         with pytest.raises(FloatingPointError, match="non-finite loss at step 4"):
             train(small_cfg("train.skip_nonfinite_steps=1"), tmp_path / "one")
