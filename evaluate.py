@@ -1,4 +1,4 @@
-"""Evaluate a trained run: python evaluate.py run=<run dir or checkpoint> [metrics=[bpb,core,diagnostics]]. See README."""
+"""Evaluate a trained run: python evaluate.py run=<run dir or checkpoint> [eval.metrics=[bpb,core,diagnostics,chatcore]]. See README."""
 
 import sys
 

@@ -36,14 +36,14 @@ def last_val_bpb(run_dir):
 
 
 def test_bpb_equals_the_training_log_for_the_same_checkpoint(run_dir):
-    out = evaluate(eval_cfg(run_dir, "metrics=[bpb]"))
+    out = evaluate(eval_cfg(run_dir, "eval.metrics=[bpb]"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["step"] == 4
     assert summary["metrics"]["val/bpb"] == pytest.approx(last_val_bpb(run_dir), rel=1e-9)
 
 
 def test_diagnostics_per_layer_and_head(run_dir):
-    out = evaluate(eval_cfg(run_dir, "metrics=[diagnostics]"))
+    out = evaluate(eval_cfg(run_dir, "eval.metrics=[diagnostics]"))
     with open(out / "diagnostics.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["layer"], r["head"]) for r in rows] == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
@@ -52,7 +52,7 @@ def test_diagnostics_per_layer_and_head(run_dir):
 
 @pytest.mark.skipif(not (BUNDLE / "core.yaml").is_file(), reason=f"eval bundle not found at {BUNDLE}; CORE tests need ../shared/eval_bundle")
 def test_core_on_the_real_bundle_writes_per_task_and_per_example_results(run_dir):
-    out = evaluate(eval_cfg(run_dir, "metrics=[core]", f"core.bundle_dir={BUNDLE}", "core.max_per_task=2"))
+    out = evaluate(eval_cfg(run_dir, "eval.metrics=[core]", f"eval.bundle_dir={BUNDLE}", "eval.core_max_per_task=2"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["core"]["name"] == "CORE 18/22" and "CORE 18/22" in summary["metrics"]
     with open(out / "core_tasks.csv") as f:
@@ -62,22 +62,22 @@ def test_core_on_the_real_bundle_writes_per_task_and_per_example_results(run_dir
 
 
 def test_results_never_overwrite_earlier_ones(run_dir):
-    first = evaluate(eval_cfg(run_dir, "metrics=[bpb]"))
+    first = evaluate(eval_cfg(run_dir, "eval.metrics=[bpb]"))
     before = {p: p.read_bytes() for p in first.iterdir()}
     metrics_before = (run_dir / "metrics.csv").read_bytes()
-    second = evaluate(eval_cfg(run_dir, "metrics=[bpb]"))
+    second = evaluate(eval_cfg(run_dir, "eval.metrics=[bpb]"))
     assert second != first and {p: p.read_bytes() for p in first.iterdir()} == before
     assert (run_dir / "metrics.csv").read_bytes() == metrics_before
 
 
 def test_missing_bundle_is_one_clear_error(run_dir, tmp_path):
     with pytest.raises(EvaluationError, match="CORE needs the eval bundle, not found at"):
-        evaluate(eval_cfg(run_dir, "metrics=[core]", f"core.bundle_dir={tmp_path}"))
+        evaluate(eval_cfg(run_dir, "eval.metrics=[core]", f"eval.bundle_dir={tmp_path}"))
 
 
 def test_unknown_metric(run_dir):
     with pytest.raises(EvaluationError, match="allowed: bpb, core, diagnostics"):
-        evaluate(eval_cfg(run_dir, "metrics=[perplexity]"))
+        evaluate(eval_cfg(run_dir, "eval.metrics=[perplexity]"))
 
 
 def test_truncated_and_mismatched_checkpoints(run_dir, tmp_path):
@@ -98,7 +98,7 @@ def test_truncated_and_mismatched_checkpoints(run_dir, tmp_path):
 
 
 def test_evaluate_py_command(run_dir, tmp_path):
-    ok = subprocess.run([sys.executable, "evaluate.py", f"run={run_dir}", "metrics=[bpb]"], cwd=REPO,
+    ok = subprocess.run([sys.executable, "evaluate.py", f"run={run_dir}", "eval.metrics=[bpb]"], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "val/bpb" in ok.stdout and "results:" in ok.stdout

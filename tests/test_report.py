@@ -20,7 +20,7 @@ N_LAYER = 2
 
 def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_bpb: float = 0.85, steps: int = 20,
              depth: str = "d12", optim: str = "muon", layers="all", learnable: bool = False, complete: bool = True,
-             evals: tuple[dict, ...] = (), tokens_per_step: int = 1000) -> Path:
+             evals: tuple[dict, ...] = (), tokens_per_step: int = 1000, stage: str = "base") -> Path:
     """A run directory as train.py (+ evaluate.py) leaves it: train rows every step, val at 0, half way and the
     end (ending at final_bpb), a diagnostics row at the end; `evals`: kwargs of make_eval."""
     run = root / name
@@ -31,7 +31,7 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
         "run_dir": str(run), "max_steps": steps, "tokens_per_step": tokens_per_step, "grad_accumulation": 1,
         "precision": "32-true", "xsa_layers": xsa_layers, "param_counts": {"total": 1000}, "depth": depth,
         "alpha": alpha, "learnable": learnable, "layers": layers, "value_source": "mixed", "optim": optim,
-        "seed": seed}))
+        "seed": seed, "stage": stage}))
     rows = [{"step": s, "train/loss": 5.0 - s / steps, "train/loss_smooth": 5.1 - s / steps} for s in range(1, steps + 1)]
     rows += [{"step": s, "val/bpb": final_bpb + 0.5 * (1 - s / steps)} for s in (0, steps // 2, steps)]
     rows.append({"step": steps, **{f"diag/{m}/L{i}": 0.1 * (i + 1) + alpha for m in ("attn_self_cos", "out_self_cos",
@@ -210,6 +210,24 @@ def test_partial_core_chatcore_and_bootstrap_in_report(tmp_path):
     assert got[XSA, "ChatCORE", "delta"] == pytest.approx(1.0)
     row = next(line for line in text.splitlines() if "| paired bootstrap over examples |" in line)
     assert row.startswith(f"| {XSA} | CORE 18/22 |") and row.endswith("| 400 examples | yes |")
+
+
+def test_sft_runs_are_their_own_section_with_chatcore(tmp_path):
+    study = tmp_path / "study"
+    for alpha in (0.0, 1.0):
+        make_run(study, f"base-a{alpha:g}", alpha=alpha, final_bpb=0.80 + alpha / 100)
+        make_run(study, f"sft-a{alpha:g}", alpha=alpha, final_bpb=0.50, stage="sft",
+                 evals=({"metrics": {"ChatCORE": 0.30 + alpha / 10}},))
+    report = build_report([study], tmp_path / "out")
+    text = report.read_text()
+    assert "## Depth `d12`" in text and "## Depth `d12 · SFT`" in text
+    with open(report.parent / "numbers.csv", newline="") as f:
+        got = {(r["depth"], r["arm"], r["metric"], r["statistic"]): float(r["value"]) for r in csv.DictReader(f)}
+    # each arm pools only its own stage: the base arm keeps its bpb, the SFT arm its bpb and ChatCORE
+    assert got["d12", XSA, "val/bpb", "mean"] == pytest.approx(0.81)
+    assert got["d12 · SFT", XSA, "val/bpb", "mean"] == pytest.approx(0.50)
+    assert got["d12 · SFT", XSA, "ChatCORE", "delta"] == pytest.approx(0.1)
+    assert ("d12", XSA, "ChatCORE", "mean") not in got
 
 
 def test_final_numbers_prefer_the_newest_evaluation_of_the_last_step(tmp_path):

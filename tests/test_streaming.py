@@ -146,7 +146,7 @@ def test_climbmix_mirror_yields_rows_and_holds_out_the_last_shard(mirror, cache,
     assert sum(len(b) for b in val) == 10 and all(b.dtype == torch.int64 for b in val)
     val_text = decoded(data, torch.cat(val))
     assert VAL_MARK in val_text and TRAIN_MARK not in val_text
-    assert torch.equal(data.val_rows_head(3), torch.cat(val)[:3])
+    assert torch.equal(data.validation_rows(3).long(), torch.cat(val)[:3])
     assert data.unigram_bpb is None and data.token_bytes.shape == (VOCAB,)
 
 
@@ -309,7 +309,7 @@ def test_local_jsonl_corpus_reads_the_configured_field_and_holds_out_the_last_fi
     assert [p.rsplit("/", 1)[1] for p in data.corpus.train_files + data.corpus.val_files] == ["a.jsonl", "b.jsonl", "c.jsonl"]
     text = decoded(data, take_rows(data, 2 * len(epoch_rows(data))))
     assert TRAIN_MARK in text and VAL_MARK not in text and OTHER_FIELD_MARK not in text
-    val_text = decoded(data, data.val_rows_head(10))
+    val_text = decoded(data, data.validation_rows(10).long())
     assert VAL_MARK in val_text and TRAIN_MARK not in val_text
 
     bad = TextDataModule(compose_config("data=local", f"data.path={tmp_path}").data, SEQ, VOCAB, BATCH, 0, str(cache))
@@ -333,7 +333,7 @@ def test_local_txt_corpus_with_a_validation_path(tmp_path, cache):
     assert sum(map(len, read_documents(data.corpus, data.corpus.train_files))) == 90  # a document per paragraph
     text = decoded(data, take_rows(data, len(epoch_rows(data))))
     assert TRAIN_MARK in text and VAL_MARK not in text and OTHER_FIELD_MARK not in text
-    assert VAL_MARK in decoded(data, data.val_rows_head(10))
+    assert VAL_MARK in decoded(data, data.validation_rows(10).long())
     whole_files = compose_config(*overrides).data  # the default: a file is a document
     assert sum(map(len, read_documents(sources.local_corpus(whole_files), data.corpus.train_files))) == 3
 

@@ -168,7 +168,7 @@ class AttentionDiagnostics(ScheduledEvaluation):
         self.rows, self.jsonl_path = rows, jsonl_path
 
     def measure(self, trainer, pl_module) -> dict[str, float]:
-        idx = trainer.datamodule.val_rows_head(self.rows)[:, :-1].to(pl_module.device)
+        idx = trainer.datamodule.diagnostics_inputs(self.rows).to(pl_module.device)
         diag = attention_diagnostics(pl_module.model, idx, trainer.precision_plugin.forward_context)
         if trainer.is_global_zero:
             with open(self.jsonl_path, "a") as f:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp.model.gpt import value_embedding_layers
 from xsa_exp.model.xsa import resolve_layers
@@ -108,7 +108,13 @@ def validate(cfg: DictConfig) -> None:
     if not 0.0 <= cfg.log.ema_beta < 1.0:
         raise ConfigError(f"log.ema_beta={cfg.log.ema_beta} must be in [0, 1)")
     grad_accumulation(cfg)
-    _choice(cfg, "data.name", ("sample", "climbmix", "local"))
+    _choice(cfg, "data.name", ("sample", "sft", "climbmix", "local"))
+    if cfg.train.epochs is not None:
+        _positive_int(cfg.train.epochs, "train.epochs")
+        if cfg.data.name not in ("sample", "sft"):
+            raise ConfigError(f"train.epochs needs a corpus held in memory (data=sample or sft), not data={cfg.data.name}; "
+                              "set train.max_steps or train.target_tokens")
+    check_stage(cfg)
     from xsa_exp.data.sources import DataError, check_data_config
 
     try:
@@ -123,6 +129,33 @@ def validate(cfg: DictConfig) -> None:
     for module, purpose in needed.items():
         if importlib.util.find_spec(module) is None:
             raise ConfigError(f"package for {purpose} is missing: `{module}` cannot be imported; run `pip install -e .`")
+
+
+def check_stage(cfg: DictConfig) -> None:
+    """stage=sft starts from a finished base run with the same model and XSA settings."""
+    _choice(cfg, "stage_name", ("base", "sft"))
+    if cfg.stage_name == "base":
+        if cfg.init_from is not None:
+            raise ConfigError(f"init_from={cfg.init_from} is for the SFT stage; add stage=sft, or drop init_from")
+        if cfg.data.name == "sft":
+            raise ConfigError("data=sft is the SFT stage's data; use stage=sft init_from=<base run directory>")
+        return
+    if cfg.init_from is None:
+        raise ConfigError("stage=sft needs init_from=<base run directory> (a finished run with checkpoints/final.ckpt)")
+    base = Path(cfg.init_from).expanduser().resolve()
+    if not (base / "config.yaml").is_file() or not (base / "checkpoints" / "final.ckpt").is_file():
+        raise ConfigError(f"init_from={cfg.init_from} is not a finished run (needs config.yaml and checkpoints/final.ckpt); "
+                          "point it at a completed base run directory")
+    base_cfg = OmegaConf.load(base / "config.yaml")
+    differ = [f"{section}.{key}" for section in ("model", "xsa") for key in sorted(set(cfg[section]) | set(base_cfg[section]))
+              if cfg[section].get(key) != base_cfg[section].get(key)]
+    if differ:
+        other_depth = cfg.depth_name != base_cfg.depth_name  # then depth=... sets the model's size keys
+        wanted = [f"depth={base_cfg.depth_name}"] * other_depth + [
+            f"{key}={OmegaConf.select(base_cfg, key)}" for key in differ if not (other_depth and key.startswith("model."))]
+        wanted = " ".join(wanted)
+        raise ConfigError(f"init_from={cfg.init_from} was trained with other model/XSA settings ({', '.join(differ)} differ); "
+                          f"pass the base run's: {wanted}")
 
 
 def check_group_options(argv: list[str], conf_dir: Path) -> None:

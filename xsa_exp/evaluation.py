@@ -2,7 +2,8 @@
 
 Results go to <run>/eval/<checkpoint>-step<N>-<time>/, a new folder each time, so nothing that was
 there is touched: summary.json (every headline number), core_tasks.csv, core_examples.jsonl (one
-line per example, for paired comparisons between arms) and diagnostics.csv (layer, head, metrics).
+line per example, for paired comparisons between arms), diagnostics.csv (layer, head, metrics),
+chatcore_tasks.csv and chatcore_examples.jsonl (with each generated answer).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 from xsa_exp.checkpoints import RunError, load_run
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.eval.bpb import evaluate_bpb
+from xsa_exp.eval.chat import evaluate_chat
 from xsa_exp.eval.core import BundleError, evaluate_core, resolve_bundle_dir
 from xsa_exp.eval.diagnostics import METRICS as DIAGNOSTICS, attention_diagnostics
 
-KNOWN_METRICS = ("bpb", "core", "diagnostics")
+KNOWN_METRICS = ("bpb", "core", "diagnostics", "chatcore")
 
 
 class EvaluationError(Exception):
@@ -32,18 +34,19 @@ class EvaluationError(Exception):
 
 
 def evaluate(cfg: DictConfig) -> Path:
-    metrics = list(cfg.metrics)
+    options = cfg.eval
+    metrics = list(options.metrics)
     unknown = [m for m in metrics if m not in KNOWN_METRICS]
     if unknown or not metrics:
-        raise EvaluationError(f"metrics={metrics} has unknown entries {unknown}; allowed: {', '.join(KNOWN_METRICS)}")
+        raise EvaluationError(f"eval.metrics={metrics} has unknown entries {unknown}; allowed: {', '.join(KNOWN_METRICS)}")
     try:
         run = load_run(cfg.run)
     except RunError as e:
         raise EvaluationError(str(e)) from None
-    bundle = resolve_bundle_dir(cfg.core.bundle_dir)
+    bundle = resolve_bundle_dir(options.bundle_dir)
     if "core" in metrics and not (bundle / "core.yaml").is_file():
         raise EvaluationError(f"CORE needs the eval bundle, not found at {bundle}; run `python -m xsa_exp.eval.core download`, "
-                              "set core.bundle_dir or $XSA_EXP_EVAL_BUNDLE, or drop core from metrics")
+                              "set eval.bundle_dir or $XSA_EXP_EVAL_BUNDLE, or drop core from eval.metrics")
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
     model = run.model.to(device)
@@ -59,35 +62,62 @@ def evaluate(cfg: DictConfig) -> Path:
                               c.cache_dir, tokenizer_dir=run.run_dir / "tokenizer")
         data.setup()
     if "bpb" in metrics:
-        val_tokens = cfg.val_tokens or c.eval.val_tokens
+        val_tokens = options.val_tokens or c.eval.val_tokens
         summary["metrics"]["val/bpb"] = evaluate_bpb(model, data.val_batches(val_tokens), data.token_bytes, autocast)
         summary["val_tokens"] = val_tokens
     if "core" in metrics:
         try:
-            result = evaluate_core(model, run.tokenizer, bundle, c.model.sequence_len, cfg.core.max_per_task,
+            result = evaluate_core(model, run.tokenizer, bundle, c.model.sequence_len, options.core_max_per_task,
                                    progress=lambda t, done, total: print(f"  CORE {done}/{total} {t.label:<34} acc {t.accuracy:.4f} "
                                                                           f"centered {t.centered:+.4f}", flush=True))
         except BundleError as e:
             raise EvaluationError(str(e)) from None
         summary["metrics"][result.name] = result.core
-        summary["core"] = {"name": result.name, "n_tasks": result.n_tasks, "max_per_task": cfg.core.max_per_task,
+        summary["core"] = {"name": result.name, "n_tasks": result.n_tasks, "max_per_task": options.core_max_per_task,
                            "bundle": str(bundle)}
         write_csv(out_dir / "core_tasks.csv", [vars(t) for t in result.tasks.values()])
         with open(out_dir / "core_examples.jsonl", "w") as f:
             for example in result.examples:
                 f.write(json.dumps(example) + "\n")
     if "diagnostics" in metrics:
-        rows = cfg.diag_rows or c.eval.diag_rows
-        diag = attention_diagnostics(model, data.val_rows_head(rows)[:, :-1].to(device), autocast)
+        rows = options.diag_rows or c.eval.diag_rows
+        diag = attention_diagnostics(model, data.diagnostics_inputs(rows).to(device), autocast)
         n_layer, n_head = diag[DIAGNOSTICS[0]].shape
         write_csv(out_dir / "diagnostics.csv", [{"layer": layer, "head": head, **{m: diag[m][layer, head].item() for m in DIAGNOSTICS}}
                                                 for layer in range(n_layer) for head in range(n_head)])
         summary["metrics"].update({f"diag/{m}": diag[m].mean().item() for m in DIAGNOSTICS})
+    if "chatcore" in metrics:
+        summary["metrics"].update(chatcore(run, options.chatcore, bundle, out_dir))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print_table(summary, out_dir)
     if cfg.wandb:
         log_to_wandb(c, run, summary)
     return out_dir
+
+
+def chatcore(run, cfg: DictConfig, bundle: Path, out_dir: Path) -> dict[str, float]:
+    """ChatCORE (or "ChatCORE k/5") and per-task accuracies; tasks without data are named, not fatal."""
+    c = run.config
+    if c.get("stage_name", "base") != "sft":
+        print(f"note: {run.run_dir} is a {c.get('stage_name', 'base')} run; ChatCORE measures a chat (stage=sft) model")
+    tool_use = cfg.tool_use if cfg.tool_use is not None else bool(c.data.get("gsm8k_tool_calls", False))
+    result = evaluate_chat(run.model, run.tokenizer, bundle, cfg.mmlu, cfg.max_per_task, cfg.max_new_tokens, tool_use,
+                           cfg.batch_size, cfg.humaneval_timeout_s, cfg.humaneval_memory_mb,
+                           progress=lambda t: print(f"  ChatCORE {t.task:<14} acc {t.accuracy:.4f} ({t.correct}/{t.n}) "
+                                                    f"centered {t.centered:+.4f}  {t.seconds:.0f}s", flush=True))
+    for task, reason in result.missing.items():
+        print(f"  ChatCORE {task:<14} not evaluated: {reason}")
+    if not result.tasks:
+        raise EvaluationError(f"ChatCORE has no task data: {'; '.join(result.missing.values())}; set eval.bundle_dir "
+                              "(ARC, GSM8K, HumanEval) and eval.chatcore.mmlu.data_files, or drop chatcore from eval.metrics")
+    write_csv(out_dir / "chatcore_tasks.csv", [vars(t) for t in result.tasks.values()])
+    with open(out_dir / "chatcore_examples.jsonl", "w") as f:
+        for example in result.examples:
+            f.write(json.dumps(example) + "\n")
+    (out_dir / "chatcore.json").write_text(json.dumps(
+        {"name": result.name, "n_tasks": len(result.tasks), "missing": result.missing, "tool_use": tool_use,
+         "max_per_task": cfg.max_per_task, "bundle": str(bundle)}, indent=1))
+    return {result.name: result.score, **{f"chat/{t.task}": t.accuracy for t in result.tasks.values()}}
 
 
 def new_directory(path: Path) -> Path:

@@ -1,29 +1,41 @@
-"""Sampling from a trained GPT with a KV cache: greedy or temperature / top-k, with stop tokens.
+"""Sampling from a trained GPT with a KV cache: greedy or temperature / top-k, with stop tokens, and
+optional calculator tool use.
 
 One prompt, `num_samples` continuations decoded in parallel (nanochat's Engine pattern). The
 prompt is prefilled once per sample row, then each step feeds only the new token; XSA in the
 cached path projects each new token's attention output against that token's own value, exactly
 as the full forward does (tested against full recomputation).
+
+Tool use (nanochat's GSM8K calculator): when a row closes a <|python_start|> expression
+<|python_end|> call, the expression is evaluated as arithmetic and <|output_start|> result
+<|output_end|> is forced into that row, token by token, before the model samples again.
 """
 
 from __future__ import annotations
 
+import ast
+import operator
+from collections import deque
 from collections.abc import Iterable
 
 import torch
 
+from xsa_exp.data.tokenizer import Tokenizer
 from xsa_exp.model import GPT, KVCache
 
 
 @torch.no_grad()
 def generate(model: GPT, prompt: list[int], max_new_tokens: int, num_samples: int = 1, temperature: float = 0.0,
-             top_k: int | None = None, stop_tokens: Iterable[int] = (), seed: int = 0, use_cache: bool = True) -> list[list[int]]:
-    """Continuations of prompt (without the prompt), each ending before its first stop token."""
+             top_k: int | None = None, stop_tokens: Iterable[int] = (), seed: int = 0, use_cache: bool = True,
+             tool_use: Tokenizer | None = None) -> list[list[int]]:
+    """Continuations of prompt (without the prompt), each ending before its first stop token.
+    With tool_use (the run's tokenizer) calculator calls are answered; without, they are plain tokens."""
     if len(prompt) + max_new_tokens > model.config.sequence_len:
         raise ValueError(f"prompt of {len(prompt)} + {max_new_tokens} new tokens exceeds model.sequence_len={model.config.sequence_len}")
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     stop = set(stop_tokens)
+    calculator = CalculatorTool(tool_use, num_samples) if tool_use is not None else None
     was_training = model.training
     model.eval()
     tokens = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)
@@ -33,6 +45,8 @@ def generate(model: GPT, prompt: list[int], max_new_tokens: int, num_samples: in
     done = [False] * num_samples
     for _ in range(max_new_tokens):
         next_token = sample(logits, temperature, top_k, generator)
+        if calculator is not None:
+            next_token = torch.tensor(calculator.next_tokens(next_token.tolist()), device=device)
         for row, token in enumerate(next_token.tolist()):
             if not done[row]:
                 if token in stop:
@@ -55,3 +69,62 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int | None, generato
         kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
+
+
+class CalculatorTool:
+    """Per row: collects the tokens of an open tool call and queues the tokens forced after it."""
+
+    def __init__(self, tokenizer: Tokenizer, num_rows: int):
+        special = tokenizer.special_tokens
+        self.tokenizer = tokenizer
+        self.call_start, self.call_end = special["<|python_start|>"], special["<|python_end|>"]
+        self.output_start, self.output_end = special["<|output_start|>"], special["<|output_end|>"]
+        self.calls: list[list[int] | None] = [None] * num_rows  # tokens of the open call, None outside one
+        self.forced: list[deque[int]] = [deque() for _ in range(num_rows)]
+
+    def next_tokens(self, sampled: list[int]) -> list[int]:
+        """The tokens the rows take this step: a queued forced token, else the sampled one."""
+        tokens = []
+        for row, token in enumerate(sampled):
+            if self.forced[row]:
+                token = self.forced[row].popleft()
+            elif token == self.call_start:
+                self.calls[row] = []
+            elif token == self.call_end and self.calls[row] is not None:
+                result = calculate(self.tokenizer.decode(self.calls[row]))
+                self.calls[row] = None
+                if result is not None:
+                    self.forced[row].extend([self.output_start, *self.tokenizer.encode(result), self.output_end])
+            elif self.calls[row] is not None:
+                self.calls[row].append(token)
+            tokens.append(token)
+        return tokens
+
+
+OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+             ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+             ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def calculate(expression: str) -> str | None:
+    """The value of an arithmetic expression (numbers, + - * / // % **, parentheses; "1,000" is 1000) as
+    GSM8K writes it, or None when it is not one. Parsed, never eval'd: a model's text runs nothing."""
+    def value(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and type(node.op) in OPERATORS:
+            return OPERATORS[type(node.op)](value(node.operand))
+        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 64:  # keeps 10**10**10 from hanging the evaluation
+                raise ValueError("exponent too large")
+            return OPERATORS[type(node.op)](left, right)
+        raise ValueError(f"not arithmetic: {ast.dump(node)[:40]}")
+
+    try:
+        result = value(ast.parse(expression.replace(",", "").strip(), mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, TypeError, RecursionError):
+        return None
+    if isinstance(result, float):
+        return str(int(result)) if result.is_integer() else f"{result:.6g}"
+    return str(result)

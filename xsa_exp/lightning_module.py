@@ -6,6 +6,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from xsa_exp.data.packing import inputs_and_targets
 from xsa_exp.model import GPT
 from xsa_exp.optim import WarmupConstantWarmdown, build_optimizer
 
@@ -35,7 +36,7 @@ class LanguageModel(L.LightningModule):
         self._update = {}
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        loss = self.model(batch[:, :-1], batch[:, 1:])
+        loss = self.model(*inputs_and_targets(batch))
         self._loss_sum = self._loss_sum.to(loss.device) + loss.detach()
         self._micro_batches += 1
         return loss

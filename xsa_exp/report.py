@@ -13,7 +13,8 @@ Hydra sweep (multirun.yaml) that have no directory or no run.json.
 An arm is optimizer + α (or learnable α) + XSA layers + value source; seeds are pooled within it. XSA
 that changes nothing (α = 0 or no XSA layers) is standard attention whatever its other settings, so all
 such runs form one arm, "no XSA". Each arm is compared with the baseline arm of its depth and optimizer:
-the one with α = --baseline-alpha (the no-XSA arm for the default 0).
+the one with α = --baseline-alpha (the no-XSA arm for the default 0). SFT runs (stage=sft) form their own
+depth section, "<depth> · SFT", where ChatCORE is reported.
 
 Final numbers per run: val/bpb from the last val row of metrics.csv, and val/bpb, CORE (under its own
 name, e.g. "CORE 18/22" for a partial set) and ChatCORE from the newest evaluation (eval/*/summary.json)
@@ -182,7 +183,7 @@ def load_run(path: Path, label: str) -> Run:
         info = json.loads((path / "run.json").read_text())
         # Empty cells are keys a row did not log; "nan" is a logged NaN (a diverged run) and must stay visible.
         raw = pd.read_csv(path / "metrics.csv", dtype=str, keep_default_na=False)
-        arm, depth, seed = Arm.of(info), info["depth"], int(info["seed"])
+        arm, depth, seed = Arm.of(info), stage_depth(info), int(info["seed"])
     except (OSError, ValueError) as e:  # JSONDecodeError and pandas' parser errors are ValueErrors
         raise RunProblem(f"unreadable: {type(e).__name__}: {e}") from None
     except KeyError as e:
@@ -193,6 +194,12 @@ def load_run(path: Path, label: str) -> Run:
     run = Run(path, label, depth, arm, seed, n_params, raw.apply(pd.to_numeric, errors="coerce"), raw != "")
     add_final_values(run)
     return run
+
+
+def stage_depth(info: dict) -> str:
+    """SFT runs are their own section ("d24 · SFT"): their val/bpb is over assistant tokens, and they
+    compare with the SFT runs of the baseline arm, not with base runs."""
+    return info["depth"] + (" · SFT" if info.get("stage", "base") == "sft" else "")
 
 
 def add_final_values(run: Run) -> None:

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp.callbacks import (AttentionDiagnostics, CoreEvaluation, PeriodicCheckpoint, PreemptionCheckpoint,
                                TrainMetrics, ValidationBPB)
+from xsa_exp.checkpoints import LoadedRun, RunError, load_run
 from xsa_exp.config import ConfigError, grad_accumulation, validate
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.eval.core import resolve_bundle_dir
@@ -27,11 +28,14 @@ from xsa_exp.lightning_module import LanguageModel
 from xsa_exp.model import GPT, GPTConfig
 
 
-def resolve_max_steps(train_cfg: DictConfig, model: GPT) -> int:
+def resolve_max_steps(train_cfg: DictConfig, model: GPT, datamodule: TextDataModule) -> int:
     if train_cfg.max_steps:
         return int(train_cfg.max_steps)
     if train_cfg.target_tokens:
         return max(1, int(train_cfg.target_tokens) // train_cfg.total_batch_tokens)
+    if train_cfg.epochs:
+        datamodule.setup()
+        return max(1, train_cfg.epochs * datamodule.epoch_tokens // train_cfg.total_batch_tokens)
     counts = model.param_counts()
     scaling_params = counts["hidden matrices"] + model.lm_head.weight.numel()
     return max(1, round(train_cfg.param_data_ratio * scaling_params / train_cfg.total_batch_tokens))
@@ -47,8 +51,8 @@ def resolve_precision(trainer_cfg: DictConfig) -> str:
 def run_summary(cfg: DictConfig) -> dict:
     """The arm of a run in a few top-level keys, for grouping and filtering in wandb and the report."""
     layers = cfg.xsa.layers if isinstance(cfg.xsa.layers, (str, int)) else list(cfg.xsa.layers)
-    return {"depth": cfg.depth_name, "alpha": cfg.xsa.alpha, "learnable": cfg.xsa.learnable, "layers": layers,
-            "value_source": cfg.xsa.value_source, "optim": cfg.optim.matrix_algorithm, "seed": cfg.seed}
+    return {"stage": cfg.stage_name, "depth": cfg.depth_name, "alpha": cfg.xsa.alpha, "learnable": cfg.xsa.learnable,
+            "layers": layers, "value_source": cfg.xsa.value_source, "optim": cfg.optim.matrix_algorithm, "seed": cfg.seed}
 
 
 def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict) -> list:
@@ -100,11 +104,16 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
         resume_from = newest_valid_checkpoint(run_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
-    max_steps = resolve_max_steps(cfg.train, model)
+    base = load_base_run(cfg, model)
+    datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size, cfg.train.device_batch_size,
+                                cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / "tokenizer")
+    max_steps = resolve_max_steps(cfg.train, model, datamodule)
     summary = run_summary(cfg)
     run = {"run_dir": str(run_dir), "max_steps": max_steps, "tokens_per_step": cfg.train.total_batch_tokens,
            "grad_accumulation": grad_accumulation(cfg), "precision": resolve_precision(cfg.trainer),
            "xsa_layers": model.config.xsa_layers, "param_counts": model.param_counts(), **summary}
+    if base is not None:
+        run["init_from"] = {"run": str(base.run_dir), "checkpoint": str(base.checkpoint), "step": base.step}
     print_start(model, cfg, run)
     if resume_from is None:
         set_aside_unfinished_log(run_dir)
@@ -112,8 +121,6 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     else:
         rank_zero_info(f"resuming from {resume_from}")
 
-    datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size,
-                                cfg.train.device_batch_size, cfg.seed, cfg.cache_dir)
     module = LanguageModel(model, cfg.optim, max_steps, OmegaConf.to_container(cfg, resolve=True),
                            cfg.train.skip_nonfinite_steps)
     if cfg.train.compile:
@@ -151,6 +158,19 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     save_status(run_dir, "completed", trainer.global_step)
     rank_zero_info(f"done: metrics {run_dir / 'metrics.csv'}, checkpoint {run_dir / 'checkpoints' / 'final.ckpt'}")
     return run_dir
+
+
+def load_base_run(cfg: DictConfig, model: GPT) -> LoadedRun | None:
+    """stage=sft: put the base run's final weights into model (config.check_stage has matched the settings)."""
+    if cfg.stage_name != "sft":
+        return None
+    try:
+        base = load_run(cfg.init_from)
+    except RunError as e:
+        raise ConfigError(f"init_from: {e}") from None
+    model.load_state_dict(base.model.state_dict())
+    rank_zero_info(f"stage sft: starting from {base.checkpoint} (step {base.step})")
+    return base
 
 
 def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:

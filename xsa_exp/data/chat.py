@@ -47,3 +47,11 @@ def render_conversation(tokenizer: Tokenizer, messages: list[dict], max_tokens: 
                 raise ValueError(f"unknown assistant part type {part['type']!r}; use text, python or python_output")
         add([special["<|assistant_end|>"]], 1)
     return ids[:max_tokens], mask[:max_tokens]
+
+
+def render_prompt(tokenizer: Tokenizer, messages: list[dict]) -> list[int]:
+    """A conversation ending with a user message, then <|assistant_start|>: what the model continues."""
+    if not messages or messages[-1]["role"] != "user":
+        raise ValueError("a prompt ends with a user message")
+    ids, _ = render_conversation(tokenizer, messages)
+    return [*ids, tokenizer.special_tokens["<|assistant_start|>"]]

@@ -1,6 +1,8 @@
 """What a run trains and evaluates on, whatever the corpus (data.name):
 
 - sample: the embedded KJV (corpus.py), tokenized and packed in memory;
+- sft: the chat mixture of the SFT stage (sft.py), rendered with its loss mask and packed in memory,
+  with the base run's tokenizer;
 - climbmix, local: parquet / jsonl / txt files (sources.py), read, tokenized and packed as training
   goes; the training set is never in memory whole.
 
@@ -23,7 +25,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from xsa_exp.data.corpus import load_sample_corpus, sample_corpus_fingerprint
-from xsa_exp.data.packing import cut_rows, pack_documents, packed_rows
+from xsa_exp.data.packing import cut_rows, inputs_and_targets, pack_documents, packed_rows
+from xsa_exp.data.sft import conversation_rows, load_conversations
 from xsa_exp.data.sources import DataError, read_documents, streamed_corpus
 from xsa_exp.data.streaming import EpochPermutations, RankBatches, StreamedRows
 from xsa_exp.data.tokenizer import Tokenizer, char_budget, load_or_train_tokenizer
@@ -36,11 +39,15 @@ class TextDataModule(L.LightningDataModule):
         super().__init__()
         if data_cfg.name == "sample":
             self.corpus, fingerprint = None, sample_corpus_fingerprint()
+        elif data_cfg.name == "sft":
+            if tokenizer_dir is None:
+                raise DataError("data=sft trains with a base run's tokenizer; use stage=sft init_from=<base run directory>")
+            self.corpus, fingerprint = None, "sft"
         elif data_cfg.name in ("climbmix", "local"):
             self.corpus = streamed_corpus(data_cfg)
             fingerprint = self.corpus.fingerprint
         else:
-            raise ValueError(f"data={data_cfg.name} is not an option; allowed: sample, climbmix, local")
+            raise ValueError(f"data={data_cfg.name} is not an option; allowed: sample, sft, climbmix, local")
         self.data_cfg = data_cfg
         self.sequence_len, self.vocab_size = sequence_len, vocab_size
         self.device_batch_size, self.seed = device_batch_size, seed
@@ -77,6 +84,9 @@ class TextDataModule(L.LightningDataModule):
             raise ValueError(f"tokenizer at {self.tokenizer_dir} has {self.tokenizer.vocab_size} tokens, model.vocab_size is {self.vocab_size}")
         self.token_bytes = self.tokenizer.token_bytes()
         row_len = self.sequence_len + 1
+        if self.data_cfg.name == "sft":
+            self.setup_chat(row_len)
+            return
         if self.corpus is None:
             self.setup_sample(row_len)
             return
@@ -102,6 +112,26 @@ class TextDataModule(L.LightningDataModule):
         rank_zero_info(f"data: {len(train_tokens):,} train tokens ({len(train_rows):,} rows), "
                        f"{len(val_tokens):,} validation tokens; tokenizer {self.tokenizer_dir}; "
                        f"unigram baseline {self.unigram_bpb:.3f} bits/byte")
+
+    def setup_chat(self, row_len: int) -> None:
+        train, counts = load_conversations(self.data_cfg, "train_sources")
+        val, _ = load_conversations(self.data_cfg, "val_sources")
+        train_rows = conversation_rows(self.tokenizer, train, row_len, self.seed)
+        self.val_rows, self.val_complete = conversation_rows(self.tokenizer, val, row_len, self.seed), True
+        if len(train_rows) == 0 or len(self.val_rows) == 0:
+            raise DataError(f"the SFT {'training' if len(train_rows) == 0 else 'validation'} conversations hold fewer than "
+                            f"sequence_len + 1 = {row_len} tokens; add conversations or use a shorter sequence")
+        self.train_rows = EpochPermutations(train_rows, self.seed)
+        self.unigram_bpb = None
+        trained = float((train_rows[:, 1:] >= 0).float().mean())
+        rank_zero_info(f"data: SFT mixture {', '.join(f'{name} {n:,}' for name, n in counts.items())} conversations -> "
+                       f"{len(train_rows):,} rows ({trained:.0%} of targets are assistant tokens), validation "
+                       f"{len(val):,} conversations ({len(self.val_rows):,} rows); tokenizer {self.tokenizer_dir}")
+
+    @property
+    def epoch_tokens(self) -> int | None:
+        """Training tokens per pass over the data, for a corpus held in memory (None for a stream)."""
+        return None if self.corpus is not None else len(self.train_rows.rows) * self.sequence_len
 
     def train_dataloader(self) -> DataLoader:
         rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
@@ -133,9 +163,9 @@ class TextDataModule(L.LightningDataModule):
             self.val_rows, self.val_complete = torch.stack(rows), len(rows) < n_rows
         return self.val_rows[:n_rows]
 
-    def val_rows_head(self, n_rows: int) -> torch.Tensor:
-        """The first n_rows validation rows (B, T + 1): the fixed batch of the attention diagnostics."""
-        return self.validation_rows(n_rows).long()
+    def diagnostics_inputs(self, n_rows: int) -> torch.Tensor:
+        """Inputs (B, T) of the first n_rows validation rows: the fixed batch of the attention diagnostics."""
+        return inputs_and_targets(self.validation_rows(n_rows).long())[0]
 
     def val_batches(self, max_tokens: int, rank: int = 0, world_size: int = 1) -> list[torch.Tensor]:
         """The first ceil(max_tokens / sequence_len) validation rows (all if fewer), this rank's share, batched."""

@@ -5,6 +5,10 @@ consecutive rows of sequence_len + 1 tokens (inputs row[:-1], targets row[1:]). 
 document boundaries (BOS marks them). The waste: the last partial row of a split (or of each epoch
 of a streamed corpus), and the one prediction across each row boundary, about 1 / (sequence_len + 1)
 of the tokens. No document is dropped or padded.
+
+Rows of chat data (sft.py) also say which targets train: a token the model should not learn to
+predict (a prompt, a tool output) is stored as -(id + 1), so masked rows travel through the same
+row machinery (epochs, rank batches, checkpoints of the position) as plain ones.
 """
 
 from __future__ import annotations
@@ -43,3 +47,15 @@ def packed_rows(tokenizer: Tokenizer, text_batches: Iterable[list[str]], row_len
         # Copies, not views: a view would keep the whole batch's tokens alive in a shuffle buffer.
         yield from (row.clone() for row in rows)
         carry = tokens[len(rows) * row_len:]
+
+
+def mask_tokens(ids: list[int], mask: list[int]) -> list[int]:
+    """ids with every untrained token (mask 0) stored as -(id + 1)."""
+    return [i if m else -i - 1 for i, m in zip(ids, mask)]
+
+
+def inputs_and_targets(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs rows[:, :-1] and targets rows[:, 1:] of rows (B, T + 1), with masked targets as -1 (ignored)."""
+    tokens = torch.where(rows < 0, -rows - 1, rows)
+    targets = torch.where(rows[:, 1:] < 0, -1, tokens[:, 1:])
+    return tokens[:, :-1], targets

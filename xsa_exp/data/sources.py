@@ -126,6 +126,9 @@ def check_data_config(data_cfg: DictConfig) -> None:
     """What train.py checks before it creates a run directory: the data.* settings and, for a local mirror
     or corpus, that every file is there. Reads no data."""
     chars = data_cfg.get("tokenizer_chars")  # absent in configs saved before it existed
+    if data_cfg.name == "sft":
+        check_chat_sources(data_cfg)
+        return
     if data_cfg.name == "sample":
         if chars is not None:
             _positive_int(chars, "data.tokenizer_chars")
@@ -139,6 +142,24 @@ def check_data_config(data_cfg: DictConfig) -> None:
     if missing:
         more = f" (and {len(missing) - 1} more files)" if len(missing) > 1 else ""
         raise DataError(f"{missing[0]} is missing{more}; {corpus.fix}")
+
+
+def check_chat_sources(data_cfg: DictConfig) -> None:
+    from xsa_exp.data.sft import CONVERTERS
+
+    for part in ("train_sources", "val_sources"):
+        if not data_cfg[part]:
+            raise DataError(f"data.{part} is empty; data=sft needs at least one source there")
+        for name, source in data_cfg[part].items():
+            key = f"data.{part}.{name}"
+            if source.format not in CONVERTERS:
+                raise DataError(f"{key}.format={source.format!r} is not an option; allowed: {', '.join(CONVERTERS)}")
+            if source.max_rows is not None:
+                _positive_int(source.max_rows, f"{key}.max_rows")
+            if source.data_files:
+                match_files(source.data_files, f"{key}.data_files")
+            elif not source.path:
+                raise DataError(f"{key} needs a hub dataset (path) or local files (data_files)")
 
 
 def read_documents(corpus: StreamedCorpus, files: tuple[str, ...]) -> Iterator[list[str]]:

@@ -8,6 +8,8 @@ from contextlib import nullcontext
 import torch
 from torchmetrics import Metric
 
+from xsa_exp.data.packing import inputs_and_targets
+
 
 class BitsPerByte(Metric):
     """Sum of cross-entropy nats over targets whose token has bytes > 0, over ln 2 x their bytes.
@@ -36,14 +38,14 @@ class BitsPerByte(Metric):
 
 @torch.no_grad()
 def evaluate_bpb(model, batches, token_bytes: torch.Tensor, autocast=nullcontext) -> float:
-    """bpb of model over batches of packed rows (B, T + 1); leaves the model's train/eval mode as it was."""
+    """bpb of model over batches of packed rows (B, T + 1), masked targets not counted; leaves the model's train/eval mode as it was."""
     device = next(model.parameters()).device
     metric = BitsPerByte(token_bytes).to(device)
     was_training = model.training
     model.eval()
     for rows in batches:
         rows = rows.to(device)
-        inputs, targets = rows[:, :-1], rows[:, 1:]
+        inputs, targets = inputs_and_targets(rows)
         with autocast():
             losses = model(inputs, targets, loss_reduction="none")
         metric.update(losses, targets)

@@ -1,0 +1,130 @@
+"""ChatCORE's pieces: answer extraction, categorical scoring, HumanEval programs, the calculator tool."""
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+from tests.test_core import REAL_BUNDLE as BUNDLE
+from xsa_exp.data.tokenizer import Tokenizer
+from xsa_exp.eval.chat import (BUNDLE_FILES, TASKS, ChatCoreResult, ChatTaskResult, categorical_predictions,
+                               evaluate_chat, final_number, humaneval_program, same_number)
+from xsa_exp.eval.sandbox import run_program
+from xsa_exp.generate import CalculatorTool, calculate, generate
+from xsa_exp.model import GPTConfig
+
+FIXTURES = REPO / "tests" / "fixtures" / "chat"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer.train(["Multiple Choice question: What is 7 times 8? Respond only with the letter. 12 * 3 = 36."] * 20, 300)
+
+
+class ScriptedModel(torch.nn.Module):
+    """Logits that put all mass on favourite(position) at each position (no cache): enough model for the scorers."""
+
+    def __init__(self, favourite, vocab_size: int = 300, sequence_len: int = 128):
+        super().__init__()
+        self.config = GPTConfig(sequence_len=sequence_len, vocab_size=vocab_size, n_layer=1, n_head=1, n_embd=8)
+        self.anchor = torch.nn.Parameter(torch.zeros(()))  # gives the model a device
+        self.favourite = favourite
+
+    def forward(self, idx, kv_cache=None):
+        assert kv_cache is None
+        logits = torch.zeros(*idx.shape, self.config.vocab_size)
+        for t in range(idx.size(1)):
+            logits[:, t, self.favourite(t)] = 10.0
+        return logits
+
+
+def test_final_number_prefers_the_marked_answer():
+    assert final_number("so 3 + 4 = 7 apples\n#### 1,234.") == "1234"
+    assert final_number("first 3, then 12 and finally -5") == "-5"
+    assert final_number("no digits at all") is None
+    assert same_number("18.0", "18") and same_number("1234", "1,234") and not same_number("17", "18")
+    assert not same_number(None, "18")
+
+
+def test_categorical_picks_the_best_valid_letter(tokenizer):
+    letter = {c: tokenizer.encode(c)[0] for c in "ABCDE"}
+    four = {"question": "q", "choices": ["w", "x", "y", "z"], "gold": 2}
+    two = {"question": "q", "choices": ["w", "x"], "gold": 0}
+    # the model prefers C everywhere: four-choice examples answer C, two-choice ones must stay within A/B
+    model = ScriptedModel(lambda position: letter["C"])
+    assert categorical_predictions(model, tokenizer, [four, two, four], batch_size=2) == [2, 0, 2]
+    model = ScriptedModel(lambda position: letter["B"])
+    assert categorical_predictions(model, tokenizer, [four, two], batch_size=8) == [1, 1]
+
+
+def test_chatcore_name_says_how_many_tasks_it_covers():
+    tasks = {t: ChatTaskResult(t, 4, 2, 0.5, 0.25, 1 / 3, 0.0) for t in TASKS[:4]}
+    partial = ChatCoreResult(tasks, {"humaneval": "missing"})
+    assert partial.name == "ChatCORE 4/5" and partial.score == pytest.approx(1 / 3)
+    tasks["humaneval"] = ChatTaskResult("humaneval", 4, 1, 0.25, 0.0, 0.25, 0.0)
+    assert ChatCoreResult(tasks, {}).name == "ChatCORE"
+
+
+def humaneval_examples(n: int = 3) -> list[dict]:
+    path = BUNDLE / "eval_data" / BUNDLE_FILES["humaneval"]
+    if not path.is_file():
+        pytest.skip(f"needs the eval bundle's HumanEval file ({path}); set XSA_EXP_EVAL_BUNDLE")
+    return [json.loads(line) for line in path.read_text().splitlines()[:n]]
+
+
+def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
+    for example in humaneval_examples():
+        whole = example["prompt"] + example["canonical_solution"]
+        fenced = f"Here you go:\n```python\n{whole}\n```\nDone."
+        body = example["canonical_solution"]
+        for reply in (whole, fenced, body):
+            assert run_program(humaneval_program(example, reply), timeout_s=10).passed, example["task_id"]
+        wrong = example["prompt"] + "    return None\n"
+        assert not run_program(humaneval_program(example, wrong), timeout_s=10).passed
+
+
+def test_calculator_evaluates_arithmetic_and_nothing_else():
+    assert calculate("3*4") == "12" and calculate("1,000 / 8") == "125" and calculate("10/4") == "2.5"
+    assert calculate("2 ** 10 - (3 % 2)") == "1023" and calculate("-7 // 2") == "-4"
+    for bad in ("__import__('os').system('true')", "9 ** 9 ** 9", "1 / 0", "x + 1", "", "'a' * 3"):
+        assert calculate(bad) is None, bad
+
+
+def test_tool_calls_get_their_result_forced_into_the_answer(tokenizer):
+    s = tokenizer.special_tokens
+    script = [s["<|python_start|>"], *tokenizer.encode("12*3"), s["<|python_end|>"]]
+    # the model would continue with "9" forever; after the call the rows must take the tool's tokens
+    nine = tokenizer.encode("9")[0]
+    model = ScriptedModel(lambda position: script[position] if position < len(script) else nine)
+    prompt = [tokenizer.bos_id]
+    forced = [s["<|output_start|>"], *tokenizer.encode("36"), s["<|output_end|>"]]
+    with_tool = generate(model, prompt, len(script) + len(forced) + 2, use_cache=False, tool_use=tokenizer)[0]
+    assert with_tool == script + forced + [nine, nine]
+    without = generate(model, prompt, len(script) + 2, use_cache=False)[0]
+    assert without == script + [nine, nine]
+    # a call that is not arithmetic gets no output
+    tool = CalculatorTool(tokenizer, 1)
+    bad = [s["<|python_start|>"], *tokenizer.encode("x"), s["<|python_end|>"], nine]
+    assert [tool.next_tokens([t])[0] for t in bad] == bad
+
+
+def test_missing_task_data_is_named_not_fatal(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bundle = tmp_path / "bundle"
+    arc = bundle / "eval_data" / BUNDLE_FILES["arc_easy"]
+    arc.parent.mkdir(parents=True)
+    arc.write_text("\n".join(json.dumps({"query": f"Question: q{i}?", "choices": ["a", "b", "c", "d"], "gold": i % 4})
+                             for i in range(8)))
+    letter_c = tokenizer.encode("C")[0]
+    from omegaconf import OmegaConf
+    mmlu = OmegaConf.create({"path": "cais/mmlu", "subset": "all", "split": "test", "data_files": None, "max_rows": None})
+    result = evaluate_chat(ScriptedModel(lambda position: letter_c), tokenizer, bundle, mmlu)
+    assert list(result.tasks) == ["arc_easy"] and result.name == "ChatCORE 1/5"
+    assert result.tasks["arc_easy"].accuracy == 0.25 and result.tasks["arc_easy"].centered == 0.0
+    assert "HF_HUB_OFFLINE" in result.missing["mmlu"] and "missing" in result.missing["gsm8k"]
+    assert [e["prediction"] for e in result.examples] == ["C"] * 8
+    # MMLU from local files through the same loader
+    mmlu.data_files = str(FIXTURES / "mmlu_test.jsonl")
+    result = evaluate_chat(ScriptedModel(lambda position: letter_c), tokenizer, bundle, mmlu)
+    assert result.tasks["mmlu"].n == 8 and result.tasks["mmlu"].correct == 2  # two fixture answers are C

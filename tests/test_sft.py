@@ -1,0 +1,172 @@
+"""The SFT stage: chat data through datasets, the loss mask in packed rows, and the stage's checks."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests.conftest import REPO, SMALL, compose_config
+from tests.test_core import REAL_BUNDLE as BUNDLE
+from xsa_exp.config import ConfigError, validate
+from xsa_exp.data.packing import inputs_and_targets
+from xsa_exp.data.sft import conversation_rows, gsm8k_conversation, load_conversations, mmlu_conversation
+from xsa_exp.data.sources import DataError
+from xsa_exp.data.tokenizer import Tokenizer
+from xsa_exp.eval.chat import BASELINES
+from xsa_exp.model import GPT, GPTConfig
+from xsa_exp.training import load_base_run, train
+
+FIXTURES = REPO / "tests" / "fixtures" / "chat"
+SFT_DATA = [f"data.train_sources.smoltalk.data_files={FIXTURES / 'smoltalk_train.jsonl'}",
+            f"data.train_sources.mmlu_auxiliary.data_files={FIXTURES / 'mmlu_auxiliary_train.jsonl'}",
+            f"data.train_sources.gsm8k.data_files={FIXTURES / 'gsm8k_train.jsonl'}",
+            f"data.val_sources.smoltalk.data_files={FIXTURES / 'smoltalk_test.jsonl'}"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer.train(["Multiple Choice question: What is 7 times 8? Respond only with the letter. 12 + 3 = 15."] * 20, 300)
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    return train(compose_config(*SMALL, "train.max_steps=2", "eval.every=0", "eval.diag_every=0"),
+                 tmp_path_factory.mktemp("sft") / "base")
+
+
+def sft_cfg(base_run, *overrides):
+    return compose_config(*SMALL, "stage=sft", f"init_from={base_run}", *SFT_DATA, *overrides)
+
+
+def test_mmlu_rows_become_letter_answers_and_auxiliary_rows_are_unwrapped():
+    row = {"question": "2 + 2?", "choices": ["3", "4", "5", "6"], "answer": 1}
+    plain, nested = mmlu_conversation(row, False), mmlu_conversation({"train": row}, False)
+    assert plain == nested
+    assert plain[0]["content"].startswith("Multiple Choice question: 2 + 2?\n- 3=A\n- 4=B\n")
+    assert plain[1] == {"role": "assistant", "content": "B"}
+
+
+def test_gsm8k_calculator_notes_become_tool_calls_or_are_dropped():
+    row = {"question": "3 boxes of 4?", "answer": "3 * 4 = <<3*4=12>>12 apples.\n#### 12"}
+    plain = gsm8k_conversation(row, tool_calls=False)[1]["content"]
+    assert "".join(p["text"] for p in plain) == "3 * 4 = 12 apples.\n#### 12" and {p["type"] for p in plain} == {"text"}
+    with_tools = gsm8k_conversation(row, tool_calls=True)[1]["content"]
+    assert with_tools == [{"type": "text", "text": "3 * 4 = "}, {"type": "python", "text": "3*4"},
+                          {"type": "python_output", "text": "12"}, {"type": "text", "text": "12 apples.\n#### 12"}]
+
+
+def test_packed_rows_train_only_assistant_tokens(tokenizer):
+    conversations = [[{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": f"Answer {i}."}]
+                     for i in range(30)]
+    rows = conversation_rows(tokenizer, conversations, 33, seed=0)
+    inputs, targets = inputs_and_targets(rows.long())
+    assert inputs.min() >= 0  # every input is a real token
+    trained = tokenizer.decode(targets[targets >= 0].tolist())
+    assert "Answer" in trained and "Question" not in trained
+    end = tokenizer.special_tokens["<|assistant_end|>"]
+    assert (targets == end).sum() >= 25  # the closing token is learned (a few may sit across row boundaries)
+    # a row of plain documents is unchanged by the decoding
+    plain = torch.arange(10).view(2, 5)
+    assert torch.equal(inputs_and_targets(plain)[1], plain[:, 1:])
+
+
+def test_conversations_load_through_datasets_from_local_files():
+    data = compose_config(*SMALL, "stage=sft", "init_from=x", *SFT_DATA).data
+    conversations, counts = load_conversations(data, "train_sources")
+    assert counts == {"smoltalk": 24, "mmlu_auxiliary": 8, "gsm8k": 6} and len(conversations) == 38
+    data.train_sources.gsm8k.max_rows = 2
+    assert load_conversations(data, "train_sources")[1]["gsm8k"] == 2
+
+
+def test_hub_sources_offline_name_the_local_fix(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    data = compose_config(*SMALL, "stage=sft", "init_from=x").data
+    with pytest.raises(DataError, match=r"hub dataset HuggingFaceTB/smol-smoltalk .* HF_HUB_OFFLINE is set; set "
+                                        r"data.train_sources.smoltalk.data_files"):
+        load_conversations(data, "train_sources")
+
+
+def test_rows_that_do_not_fit_the_format_are_one_clear_error(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "no messages here"}) + "\n")
+    data = compose_config(*SMALL, "stage=sft", "init_from=x", *SFT_DATA, f"data.train_sources.smoltalk.data_files={bad}").data
+    with pytest.raises(DataError, match=r"data.train_sources.smoltalk: a row does not fit format=messages .* columns are text"):
+        load_conversations(data, "train_sources")
+
+
+def test_stage_checks(base_run, tmp_path):
+    validate(sft_cfg(base_run))  # the base run's own settings pass
+    cases = [
+        (compose_config(*SMALL, "stage=sft"), "stage=sft needs init_from=<base run directory>"),
+        (compose_config(*SMALL, f"init_from={base_run}"), "init_from=.* is for the SFT stage; add stage=sft"),
+        (compose_config(*SMALL, "data=sft"), "data=sft is the SFT stage's data; use stage=sft"),
+        (sft_cfg(tmp_path), "is not a finished run .*config.yaml and checkpoints/final.ckpt"),
+        (sft_cfg(base_run, "xsa.alpha=0.5"), r"other model/XSA settings \(xsa.alpha differ\); pass the base run's: xsa.alpha=1.0"),
+        (sft_cfg(base_run, "model.n_layer=3"), r"model.n_layer differ\); pass the base run's: model.n_layer=2"),
+        (compose_config("stage=sft", f"init_from={base_run}", "depth=d12", *SFT_DATA),
+         r"pass the base run's: depth=tiny"),
+        (sft_cfg(base_run, f"data.train_sources.gsm8k.data_files={tmp_path}/none.jsonl"),
+         r"data.train_sources.gsm8k.data_files=.*none.jsonl matches no .parquet"),
+        (sft_cfg(base_run, "data.train_sources.gsm8k.format=csv"), r"data.train_sources.gsm8k.format='csv' is not an option"),
+        (compose_config(*SMALL, "train.max_steps=null", "train.epochs=1", "data=local", "data.path=x"),
+         "train.epochs needs a corpus held in memory"),
+    ]
+    for cfg, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            validate(cfg)
+
+
+def test_sft_starts_from_the_base_runs_final_weights(base_run):
+    cfg = sft_cfg(base_run)
+    model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
+    base = load_base_run(cfg, model)
+    for name, tensor in base.model.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    assert load_base_run(compose_config(*SMALL), model) is None
+
+
+@pytest.mark.slow
+def test_sft_stage_trains_one_epoch_of_the_mixture_and_records_its_base(base_run, tmp_path):
+    cfg = sft_cfg(base_run, "train.max_steps=null", "eval.every=2")
+    run = train(cfg, tmp_path / "sft")
+    info = json.loads((run / "run.json").read_text())
+    assert info["stage"] == "sft" and info["init_from"]["run"] == str(base_run) and info["init_from"]["step"] == 2
+    # one epoch: every packed row once (rows x sequence_len tokens, in whole updates of 512 tokens)
+    conversations, _ = load_conversations(cfg.data, "train_sources")
+    rows = conversation_rows(Tokenizer.load(base_run / "tokenizer"), conversations, 65, cfg.seed)
+    assert info["max_steps"] == len(rows) * 64 // 512 > 1
+    assert (run / "status.json").read_text().count("completed") == 1
+    assert (run / "tokenizer").is_dir() and (run / "checkpoints" / "final.ckpt").is_file()
+    saved = OmegaConf.load(run / "config.yaml")
+    assert saved.stage_name == "sft" and saved.data.name == "sft"
+
+
+@pytest.mark.slow
+def test_smoke_pipeline_base_then_sft_then_chatcore(base_run, tmp_path):
+    """The commands a user runs: train.py stage=sft init_from=<base>, then evaluate.py eval.metrics=[chatcore]."""
+    if not (BUNDLE / "eval_data").is_dir():
+        pytest.skip(f"ChatCORE's ARC, GSM8K and HumanEval data come from the eval bundle, not found at {BUNDLE}")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    sft = tmp_path / "sft"
+    subprocess.run([sys.executable, "train.py", *SMALL, "stage=sft", f"init_from={base_run}", *SFT_DATA, "train.max_steps=3",
+                    f"hydra.run.dir={sft}"], cwd=REPO, env=env, check=True, capture_output=True)
+    common = [f"run={sft}", "eval.metrics=[chatcore]", f"eval.bundle_dir={BUNDLE}", "eval.chatcore.max_per_task=2"]
+    done = subprocess.run([sys.executable, "evaluate.py", *common, f"eval.chatcore.mmlu.data_files={FIXTURES / 'mmlu_test.jsonl'}"],
+                          cwd=REPO, env=env, check=True, capture_output=True, text=True)
+    [summary_path] = (sft / "eval").glob("*/summary.json")
+    metrics = json.loads(summary_path.read_text())["metrics"]
+    assert "ChatCORE" in metrics and "ChatCORE" in done.stdout
+    centered = [(metrics[f"chat/{t}"] - b) / (1 - b) for t, b in BASELINES.items()]
+    assert metrics["ChatCORE"] == pytest.approx(sum(centered) / 5)
+    examples = [json.loads(line) for line in (summary_path.parent / "chatcore_examples.jsonl").read_text().splitlines()]
+    assert [e["task"] for e in examples] == [t for t in BASELINES for _ in range(2)]
+    assert all("reply" in e for e in examples if e["task"] in ("gsm8k", "humaneval"))
+    # without MMLU data (the hub is offline) the score says it covers four tasks
+    subprocess.run([sys.executable, "evaluate.py", *common], cwd=REPO, env=env, check=True, capture_output=True)
+    newest = max((sft / "eval").glob("*/summary.json"), key=lambda p: p.stat().st_mtime_ns)
+    metrics = json.loads(newest.read_text())["metrics"]
+    assert "ChatCORE 4/5" in metrics and "ChatCORE" not in metrics and "chat/mmlu" not in metrics

@@ -1,0 +1,247 @@
+"""ChatCORE: the chat model's score on five tasks, as nanochat's chat evaluation computes it.
+
+- ARC-Easy, ARC-Challenge, MMLU (categorical): the question in the multiple-choice format the SFT
+  data teaches (data/sft.py), then <|assistant_start|>; the prediction is the answer letter whose token
+  has the highest logit at that position, among the example's letters.
+- GSM8K (generative): greedy answer up to <|assistant_end|>; the number after the last "####" (else the
+  last number in the answer) must equal the reference.
+- HumanEval (generative): the code of the answer (its first ```python block, else all of it) with the
+  prompt's imports, the task's tests and check(entry_point) runs in the sandbox (sandbox.py); it
+  passes when the tests do. An answer that does not define the entry point is read as the function's
+  body and appended to the prompt.
+
+ChatCORE = mean over tasks of the centered accuracy (acc - b) / (1 - b), b = 0.25 for the
+multiple-choice tasks (four options) and 0 for GSM8K and HumanEval. With a task missing the result
+is "ChatCORE k/5", never the bare name.
+
+Data: ARC, GSM8K (test) and HumanEval from the eval bundle (eval_data/world_knowledge/arc_*.jsonl,
+symbolic_problem_solving/gsm8k.jsonl, programming/human_eval.jsonl); MMLU (test) from the hub
+(cais/mmlu, all) or local files through `datasets`. Examples are shuffled with Random(1337) before a
+max_per_task cap, as CORE's are.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from xsa_exp.data.chat import render_prompt
+from xsa_exp.data.sft import LETTERS, load_rows, multiple_choice_prompt
+from xsa_exp.data.sources import DataError
+from xsa_exp.data.tokenizer import Tokenizer
+from xsa_exp.eval.sandbox import run_program
+from xsa_exp.generate import generate
+
+TASKS = ("arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval")
+BASELINES = {"arc_easy": 0.25, "arc_challenge": 0.25, "mmlu": 0.25, "gsm8k": 0.0, "humaneval": 0.0}
+BUNDLE_FILES = {"arc_easy": "world_knowledge/arc_easy.jsonl", "arc_challenge": "world_knowledge/arc_challenge.jsonl",
+                "gsm8k": "symbolic_problem_solving/gsm8k.jsonl", "humaneval": "programming/human_eval.jsonl"}
+SHUFFLE_SEED = 1337
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+@dataclass
+class ChatTaskResult:
+    task: str
+    n: int
+    correct: int
+    accuracy: float
+    baseline: float
+    centered: float
+    seconds: float
+
+
+@dataclass
+class ChatCoreResult:
+    tasks: dict[str, ChatTaskResult]
+    missing: dict[str, str]  # task -> why it was not evaluated
+    examples: list[dict] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return "ChatCORE" if len(self.tasks) == len(TASKS) else f"ChatCORE {len(self.tasks)}/{len(TASKS)}"
+
+    @property
+    def score(self) -> float:
+        return sum(t.centered for t in self.tasks.values()) / len(self.tasks)
+
+
+# -----------------------------------------------------------------------------
+# Data
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError as e:
+                raise DataError(f"{path}:{number} is not valid JSON ({e}); restore the file from the eval bundle") from None
+    return rows
+
+
+def load_task(task: str, bundle_dir: Path, mmlu_source) -> list[dict]:
+    """The task's examples in one shape: multiple choice {question, choices, gold}; GSM8K {question,
+    answer}; HumanEval {prompt, test, entry_point}. Raises DataError when the data is unavailable."""
+    if task == "mmlu":
+        return [{"question": r["question"], "choices": list(r["choices"]), "gold": int(r["answer"])}
+                for r in load_rows("chatcore.mmlu", mmlu_source)]
+    path = bundle_dir / "eval_data" / BUNDLE_FILES[task]
+    if not path.is_file():
+        raise DataError(f"{path} is missing")
+    rows = read_jsonl(path)
+    try:
+        if task.startswith("arc"):
+            return [{"question": r["query"].removeprefix("Question:").strip(), "choices": r["choices"], "gold": r["gold"]}
+                    for r in rows]
+        if task == "gsm8k":
+            return [{"question": r["context"], "answer": r["answer"]} for r in rows]
+        return [{"prompt": r["prompt"], "test": r["test"], "entry_point": r["entry_point"]} for r in rows]
+    except KeyError as e:
+        raise DataError(f"{path} lacks the field {e}; restore the file from the eval bundle") from None
+
+
+def subset(examples: list[dict], max_per_task: int | None) -> list[tuple[int, dict]]:
+    """(index in the file, example) of the first max_per_task after a seeded shuffle."""
+    order = list(range(len(examples)))
+    random.Random(SHUFFLE_SEED).shuffle(order)
+    return [(i, examples[i]) for i in order[:max_per_task]]
+
+
+# -----------------------------------------------------------------------------
+# Scoring
+
+
+def crop(prompt: list[int], max_len: int) -> list[int]:
+    """The prompt's last max_len tokens (a long few-shot-free prompt rarely needs it)."""
+    return prompt[-max_len:]
+
+
+@torch.no_grad()
+def categorical_predictions(model, tokenizer: Tokenizer, examples: list[dict], batch_size: int) -> list[int]:
+    """For each example, the index of the answer letter with the highest logit after <|assistant_start|>."""
+    letter_ids = []
+    for letter in LETTERS:
+        ids = tokenizer.encode(letter)
+        if len(ids) != 1:
+            raise ValueError(f"the tokenizer splits the answer letter {letter!r} into {len(ids)} tokens")
+        letter_ids.append(ids[0])
+    device = next(model.parameters()).device
+    max_len = model.config.sequence_len
+    prompts = [crop(render_prompt(tokenizer, [{"role": "user", "content": multiple_choice_prompt(e["question"], e["choices"])}]),
+                    max_len) for e in examples]
+    predictions = []
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start:start + batch_size]
+        width = max(map(len, batch))
+        idx = torch.full((len(batch), width), tokenizer.bos_id, dtype=torch.long)
+        for row, prompt in enumerate(batch):  # right padding: causal attention keeps it out of each prompt's last position
+            idx[row, :len(prompt)] = torch.tensor(prompt)
+        logits = model(idx.to(device))
+        last = logits[torch.arange(len(batch)), torch.tensor([len(p) - 1 for p in batch])]
+        for row, example in enumerate(examples[start:start + len(batch)]):
+            valid = torch.tensor(letter_ids[:len(example["choices"])], device=device)
+            predictions.append(int(last[row, valid].argmax()))
+    return predictions
+
+
+def answer_text(model, tokenizer: Tokenizer, user_text: str, max_new_tokens: int, tool_use: bool) -> str:
+    """The model's greedy reply to one user message; a long prompt keeps its end and half the context."""
+    special = tokenizer.special_tokens
+    budget = min(max_new_tokens, model.config.sequence_len // 2)
+    prompt = render_prompt(tokenizer, [{"role": "user", "content": user_text}])
+    prompt = crop(prompt, model.config.sequence_len - budget)
+    new_tokens = min(max_new_tokens, model.config.sequence_len - len(prompt))
+    [reply] = generate(model, prompt, new_tokens, stop_tokens=[special["<|assistant_end|>"], tokenizer.bos_id],
+                       tool_use=tokenizer if tool_use else None)
+    return tokenizer.decode(reply)
+
+
+def final_number(text: str) -> str | None:
+    """The answer GSM8K's format marks with "####", else the last number in the text; commas removed."""
+    marked = text.rsplit("####", 1)[1] if "####" in text else text
+    numbers = NUMBER.findall(marked)
+    if not numbers:
+        return None
+    number = (numbers[0] if "####" in text else numbers[-1]).replace(",", "")
+    return number.rstrip(".")
+
+
+def same_number(predicted: str | None, reference: str) -> bool:
+    if predicted is None:
+        return False
+    try:
+        return float(predicted) == float(reference.replace(",", ""))
+    except ValueError:
+        return False
+
+
+def humaneval_program(example: dict, reply: str) -> str:
+    blocks = re.findall(r"```(?:python)?[ \t]*\n(.*?)```", reply, re.DOTALL)
+    code = blocks[0] if blocks else reply
+    if f"def {example['entry_point']}(" not in code:  # the body alone: continue the prompt's signature
+        code = example["prompt"] + code
+    else:
+        imports = [line for line in example["prompt"].splitlines() if line.startswith(("import ", "from "))]
+        code = "\n".join(imports) + "\n\n" + code
+    return f"{code}\n\n{example['test']}\n\ncheck({example['entry_point']})\n"
+
+
+# -----------------------------------------------------------------------------
+# The evaluation
+
+
+def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, mmlu_source, max_per_task: int | None = None,
+                  max_new_tokens: int = 512, tool_use: bool = False, batch_size: int = 8, timeout_s: float = 10.0,
+                  memory_mb: int = 1024, progress: Callable[[ChatTaskResult], None] | None = None) -> ChatCoreResult:
+    """Every task whose data is available; the others are listed in `missing` with the reason."""
+    was_training = model.training
+    model.eval()
+    result = ChatCoreResult({}, {})
+    for task in TASKS:
+        try:
+            examples = subset(load_task(task, bundle_dir, mmlu_source), max_per_task)
+        except DataError as e:
+            result.missing[task] = str(e)
+            continue
+        if not examples:
+            result.missing[task] = "no examples"
+            continue
+        start = time.perf_counter()
+        records = []
+        if task in ("arc_easy", "arc_challenge", "mmlu"):
+            predictions = categorical_predictions(model, tokenizer, [e for _, e in examples], batch_size)
+            for (index, example), predicted in zip(examples, predictions):
+                records.append({"prediction": LETTERS[predicted], "answer": LETTERS[example["gold"]],
+                                "correct": predicted == example["gold"], "index": index})
+        elif task == "gsm8k":
+            for index, example in examples:
+                reply = answer_text(model, tokenizer, example["question"], max_new_tokens, tool_use)
+                predicted = final_number(reply)
+                records.append({"prediction": predicted, "answer": example["answer"],
+                                "correct": same_number(predicted, example["answer"]), "index": index, "reply": reply})
+        else:
+            for index, example in examples:
+                reply = answer_text(model, tokenizer, example["prompt"], max_new_tokens, tool_use)
+                outcome = run_program(humaneval_program(example, reply), timeout_s, memory_mb)
+                records.append({"prediction": outcome.status, "answer": "passed", "correct": outcome.passed,
+                                "index": index, "reply": reply, "detail": outcome.detail})
+        correct = sum(r["correct"] for r in records)
+        accuracy = correct / len(records)
+        baseline = BASELINES[task]
+        task_result = ChatTaskResult(task, len(records), correct, accuracy, baseline, (accuracy - baseline) / (1 - baseline),
+                                     time.perf_counter() - start)
+        result.tasks[task] = task_result
+        result.examples += [{"task": task, **r} for r in records]
+        if progress:
+            progress(task_result)
+    model.train(was_training)
+    return result
