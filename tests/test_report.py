@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xsa_exp.report import ReportError, bootstrap_core, build_report, main, mean_ci, t_quantile
+from xsa_exp.report import ReportError, bootstrap_examples, build_report, main, mean_ci, t_quantile
 
 REPO = Path(__file__).resolve().parents[1]
 N_LAYER = 2
@@ -51,8 +51,9 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
 
 
 def make_eval(run: Path, step: int, metrics: dict, answers: dict[str, list[bool]] | None = None,
-              baselines: dict[str, float] | None = None, stamp: str = "20260101-120000") -> Path:
-    """eval/final-step<N>-<stamp>/ with summary.json, and CORE answers per task when given."""
+              baselines: dict[str, float] | None = None, stamp: str = "20260101-120000",
+              chat_answers: dict[str, list[bool]] | None = None) -> Path:
+    """eval/final-step<N>-<stamp>/ with summary.json, and CORE / ChatCORE answers per task when given."""
     folder = run / "eval" / f"final-step{step}-{stamp}"
     folder.mkdir(parents=True)
     summary = {"run": str(run), "checkpoint": "final.ckpt", "step": step, "metrics": metrics}
@@ -69,6 +70,18 @@ def make_eval(run: Path, step: int, metrics: dict, answers: dict[str, list[bool]
             for task, correct in answers.items():
                 acc, b = float(np.mean(correct)), baselines[task]
                 writer.writerow([task, "multiple_choice", 0, len(correct), acc, (acc - b / 100) / (1 - b / 100), b])
+    if chat_answers is not None:  # as evaluate.py writes them: baseline as a fraction, 0.25 for letters
+        with open(folder / "chatcore_examples.jsonl", "w") as f:
+            for task, correct in chat_answers.items():
+                for i, c in enumerate(correct):
+                    f.write(json.dumps({"task": task, "prediction": "A", "answer": "A" if c else "B", "correct": c,
+                                        "index": 3 * i}) + "\n")
+        with open(folder / "chatcore_tasks.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["task", "n", "correct", "accuracy", "baseline", "centered", "seconds"])
+            for task, correct in chat_answers.items():
+                acc, b = float(np.mean(correct)), 0.25 if task == "mmlu" else 0.0
+                writer.writerow([task, len(correct), sum(correct), acc, b, (acc - b) / (1 - b), 1.0])
     return folder
 
 
@@ -115,7 +128,7 @@ def test_bootstrap_finds_a_clear_difference(tmp_path):
     arm = {"A": [True] * 140 + [False] * 60, "B": [True, False] * 100}
     base = {"A": [True] * 100 + [False] * 100, "B": [True, False] * 100}
     pairs = core_folders(tmp_path, arm, base, {"A": 25.0, "B": 50.0})
-    e = bootstrap_core(pairs)
+    e = bootstrap_examples(pairs, "CORE")
     true_difference = (0.2 / 0.75 + 0.0) / 2
     assert e.value == pytest.approx(true_difference)
     assert e.low < true_difference < e.high and e.low > 0
@@ -125,18 +138,18 @@ def test_bootstrap_finds_a_clear_difference(tmp_path):
     d = np.array([1.0] * 40 + [0.0] * 160)
     se = math.sqrt(d.var() / len(d)) / 0.75 / 2
     assert (e.high - e.low) / 2 == pytest.approx(1.96 * se, rel=0.1)
-    assert bootstrap_core(pairs) == e  # fixed seed
+    assert bootstrap_examples(pairs, "CORE") == e  # fixed seed
 
 
 def test_bootstrap_calls_equal_accuracy_noise(tmp_path):
     # Same accuracy, different examples right: the difference is zero but the examples disagree a lot.
     arm = {"A": [True] * 100 + [False] * 100}
     base = {"A": [False] * 100 + [True] * 100}
-    e = bootstrap_core(core_folders(tmp_path / "swap", arm, base, {"A": 25.0}))
+    e = bootstrap_examples(core_folders(tmp_path / "swap", arm, base, {"A": 25.0}), "CORE")
     assert e.value == pytest.approx(0.0)
     assert e.low < 0 < e.high and e.high - e.low > 0.1
     assert e.significant == "no"
-    same = bootstrap_core(core_folders(tmp_path / "same", arm, arm, {"A": 25.0}))
+    same = bootstrap_examples(core_folders(tmp_path / "same", arm, arm, {"A": 25.0}), "CORE")
     assert (same.value, same.significant) == (0.0, "no")
 
 
@@ -144,7 +157,7 @@ def test_bootstrap_uses_only_examples_both_arms_answered(tmp_path):
     # The arm also answered 100 extra examples (all right); they have no partner and must not count.
     arm = {"A": [True] * 50 + [False] * 50 + [True] * 100}
     base = {"A": [True] * 50 + [False] * 50}
-    e = bootstrap_core(core_folders(tmp_path, arm, base, {"A": 0.0}))
+    e = bootstrap_examples(core_folders(tmp_path, arm, base, {"A": 0.0}), "CORE")
     assert (e.value, e.n) == (0.0, 100)
 
 
@@ -214,10 +227,13 @@ def test_partial_core_chatcore_and_bootstrap_in_report(tmp_path):
 
 def test_sft_runs_are_their_own_section_with_chatcore(tmp_path):
     study = tmp_path / "study"
+    # MMLU (chance 0.25): 70% vs 50% correct; GSM8K (chance 0): the same answers
+    answers = {0.0: {"mmlu": [True] * 100 + [False] * 100, "gsm8k": [True, False] * 50},
+               1.0: {"mmlu": [True] * 140 + [False] * 60, "gsm8k": [True, False] * 50}}
     for alpha in (0.0, 1.0):
         make_run(study, f"base-a{alpha:g}", alpha=alpha, final_bpb=0.80 + alpha / 100)
         make_run(study, f"sft-a{alpha:g}", alpha=alpha, final_bpb=0.50, stage="sft",
-                 evals=({"metrics": {"ChatCORE": 0.30 + alpha / 10}},))
+                 evals=({"metrics": {"ChatCORE 2/5": 0.30 + alpha / 10}, "chat_answers": answers[alpha]},))
     report = build_report([study], tmp_path / "out")
     text = report.read_text()
     assert "## Depth `d12`" in text and "## Depth `d12 · SFT`" in text
@@ -226,8 +242,11 @@ def test_sft_runs_are_their_own_section_with_chatcore(tmp_path):
     # each arm pools only its own stage: the base arm keeps its bpb, the SFT arm its bpb and ChatCORE
     assert got["d12", XSA, "val/bpb", "mean"] == pytest.approx(0.81)
     assert got["d12 · SFT", XSA, "val/bpb", "mean"] == pytest.approx(0.50)
-    assert got["d12 · SFT", XSA, "ChatCORE", "delta"] == pytest.approx(0.1)
-    assert ("d12", XSA, "ChatCORE", "mean") not in got
+    assert got["d12 · SFT", XSA, "ChatCORE 2/5", "delta"] == pytest.approx(0.1)
+    assert ("d12", XSA, "ChatCORE 2/5", "mean") not in got
+    # the paired bootstrap over the examples both arms answered, centered per task as ChatCORE is
+    assert got["d12 · SFT", XSA, "ChatCORE 2/5", "bootstrap_delta"] == pytest.approx((0.2 / 0.75 + 0.0) / 2)
+    assert got["d12 · SFT", XSA, "ChatCORE 2/5", "bootstrap_delta_n"] == 300
 
 
 def test_final_numbers_prefer_the_newest_evaluation_of_the_last_step(tmp_path):

@@ -21,8 +21,8 @@ name, e.g. "CORE 18/22" for a partial set) and ChatCORE from the newest evaluati
 of the run's last step, which wins over the log.
 
 Statistics (all 95%): mean ± t-interval over seeds (none for n=1); paired differences over the seeds an
-arm shares with its baseline; for CORE, a paired bootstrap over the examples both arms answered
-(core_examples.jsonl), resampled within tasks. A difference whose interval includes zero is "not
+arm shares with its baseline; for CORE and ChatCORE, a paired bootstrap over the examples both arms
+answered (core_examples.jsonl, chatcore_examples.jsonl), resampled within tasks. A difference whose interval includes zero is "not
 distinguishable from noise" (significant? no); n.a. where there is no interval.
 """
 
@@ -292,25 +292,40 @@ def paired_difference(runs: list[Run], baseline: list[Run], metric: str) -> Esti
     return mean_ci([arm[s] - base[s] for s in shared]) if shared else None
 
 
-def core_answers(folder: Path) -> tuple[dict[tuple[str, int], bool], dict[str, float]] | None:
-    """(task, index) -> correct from core_examples.jsonl, and task -> random baseline (%) from core_tasks.csv."""
-    if not (folder / "core_examples.jsonl").is_file() or not (folder / "core_tasks.csv").is_file():
+# Per-example results of each aggregate: files, the tasks file's task column, and its baseline as a fraction
+# (CORE's tasks file keeps the bundle's percent).
+EXAMPLE_FILES = {
+    "CORE": ("core_examples.jsonl", "core_tasks.csv", "label", lambda row: float(row["random_baseline"]) / 100),
+    "ChatCORE": ("chatcore_examples.jsonl", "chatcore_tasks.csv", "task", lambda row: float(row["baseline"])),
+}
+
+
+def aggregate_of(metric: str) -> str | None:
+    """"CORE" or "ChatCORE" for their headline metrics (also "CORE 18/22", "ChatCORE 4/5"), else None."""
+    match = HEADLINE.fullmatch(metric)
+    return None if match is None else ("ChatCORE" if match.group(1) else "CORE")
+
+
+def example_answers(folder: Path, aggregate: str) -> tuple[dict[tuple[str, int], bool], dict[str, float]] | None:
+    """(task, index) -> correct from the evaluation's examples file, and task -> baseline (fraction)."""
+    examples, tasks, task_column, baseline = EXAMPLE_FILES[aggregate]
+    if not (folder / examples).is_file() or not (folder / tasks).is_file():
         return None
-    with open(folder / "core_examples.jsonl") as f:
+    with open(folder / examples) as f:
         answers = {(e["task"], e["index"]): bool(e["correct"]) for e in map(json.loads, filter(str.strip, f))}
-    with open(folder / "core_tasks.csv", newline="") as f:
-        baselines = {row["label"]: float(row["random_baseline"]) for row in csv.DictReader(f)}
+    with open(folder / tasks, newline="") as f:
+        baselines = {row[task_column]: baseline(row) for row in csv.DictReader(f)}
     return answers, baselines
 
 
-def bootstrap_core(pairs: list[tuple[Path, Path]], resamples: int = BOOTSTRAP_RESAMPLES,
-                   seed: int = BOOTSTRAP_SEED) -> Estimate | None:
-    """Paired bootstrap of a CORE difference (arm − baseline) over its examples.
+def bootstrap_examples(pairs: list[tuple[Path, Path]], aggregate: str, resamples: int = BOOTSTRAP_RESAMPLES,
+                       seed: int = BOOTSTRAP_SEED) -> Estimate | None:
+    """Paired bootstrap of a CORE or ChatCORE difference (arm − baseline) over its examples.
 
     pairs: (arm eval folder, baseline eval folder) for each shared seed. The difference is the mean over
     tasks of the centered accuracy difference, averaged over the pairs, on the examples (task + index)
     that every folder answered; examples are resampled within tasks, the same draw for every pair."""
-    loaded = [(core_answers(a), core_answers(b)) for a, b in pairs]
+    loaded = [(example_answers(a, aggregate), example_answers(b, aggregate)) for a, b in pairs]
     if not loaded or any(a is None or b is None for a, b in loaded):
         return None
     baselines = loaded[0][0][1]
@@ -325,7 +340,7 @@ def bootstrap_core(pairs: list[tuple[Path, Path]], resamples: int = BOOTSTRAP_RE
     for task, index in by_task.items():
         # Per example: the correctness difference, averaged over the seed pairs.
         diff = np.mean([[a[0][task, i] - b[0][task, i] for i in index] for a, b in loaded], axis=0)
-        scale = 1 - baselines[task] / 100  # centered accuracy = (acc - b) / (1 - b)
+        scale = 1 - baselines[task]  # centered accuracy = (acc - b) / (1 - b)
         # A resample's mean depends only on how often each distinct value is drawn, so drawing those counts
         # (multinomial) is the same bootstrap as drawing examples, without a resamples x examples array.
         values, counts = np.unique(diff, return_counts=True)
@@ -349,7 +364,7 @@ class ArmResult:
     baseline: ArmResult | None = None  # the arm this one is compared with (None for a baseline)
     values: dict[str, Estimate] = field(default_factory=dict)  # metric -> mean ± CI over seeds
     paired: dict[str, Estimate] = field(default_factory=dict)  # metric -> paired difference over shared seeds
-    bootstrap: dict[str, Estimate] = field(default_factory=dict)  # CORE metric -> paired bootstrap over examples
+    bootstrap: dict[str, Estimate] = field(default_factory=dict)  # (Chat)CORE metric -> paired bootstrap over examples
 
     def delta(self, metric: str) -> tuple[float, float | None] | None:
         """(arm − baseline, the same relative to the baseline in %) of the means, when both have the metric."""
@@ -389,8 +404,9 @@ def compare(runs: list[Run], baseline_alpha: float) -> list[ArmResult]:
             paired = paired_difference(result.runs, result.baseline.runs, metric)
             if paired is not None:
                 result.paired[metric] = paired
-            if metric.startswith("CORE"):  # the examples are CORE's (ChatCORE has none)
-                bootstrap = bootstrap_core(core_pairs(result.runs, result.baseline.runs, metric))
+            aggregate = aggregate_of(metric)
+            if aggregate is not None:
+                bootstrap = bootstrap_examples(eval_pairs(result.runs, result.baseline.runs, metric), aggregate)
                 if bootstrap is not None:
                     result.bootstrap[metric] = bootstrap
     return results
@@ -405,7 +421,7 @@ def find_baseline(result: ArmResult, results: list[ArmResult]) -> ArmResult | No
     return (same or candidates or [None])[0]
 
 
-def core_pairs(runs: list[Run], baseline: list[Run], metric: str) -> list[tuple[Path, Path]]:
+def eval_pairs(runs: list[Run], baseline: list[Run], metric: str) -> list[tuple[Path, Path]]:
     """(arm, baseline) eval folders that produced `metric`, one pair per shared seed (first run of a seed)."""
     def folders(group):
         out = {}
@@ -564,12 +580,12 @@ def depth_section(depth: str, results: list[ArmResult], plots: list[tuple[str, s
                                   e.significant])
     parts = [f"## Depth `{depth}`", "", "### Final results", "",
              "Mean ± 95% CI over seeds; Δ: arm mean − baseline mean (relative to the baseline). "
-             "Lower val/bpb is better, higher CORE is better.", "", md_table(header, rows), ""]
+             "Lower val/bpb is better, higher CORE and ChatCORE are better.", "", md_table(header, rows), ""]
     parts += ["### Differences vs baseline", ""]
     if tests:
         parts += ["significant? no: the 95% interval includes zero, so the difference is not distinguishable "
                   "from noise; n.a.: a single seed pair gives no interval. The bootstrap covers the sampling of "
-                  "CORE's examples only; the seeds' spread is in the paired test.", "",
+                  "the (Chat)CORE examples only; the seeds' spread is in the paired test.", "",
                   md_table(["arm", "metric", "test", "Δ", "95% CI", "n", "significant?"], tests), ""]
     else:
         parts += ["No arm shares a seed with a baseline arm of its depth and optimizer.", ""]
@@ -656,7 +672,7 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
     head = ["# XSA study report", "",
             f"From {', '.join(f'`{p}`' for p in paths)}: {len(runs)} complete runs, {len(problems)} missing or failed. "
             f"Baseline: {baseline}, same depth and optimizer. Arms pool their seeds. CIs are 95%: t-intervals over "
-            f"seeds; CORE also gets a paired bootstrap over examples ({BOOTSTRAP_RESAMPLES} resamples within tasks, "
+            f"seeds; CORE and ChatCORE also get a paired bootstrap over examples ({BOOTSTRAP_RESAMPLES} resamples within tasks, "
             f"seed {BOOTSTRAP_SEED}). numbers.csv holds every number below.", ""]
     report = out_dir / "report.md"
     report.write_text("\n".join(head + sections) + "\n" + runs_section(sorted(runs, key=lambda r: r.label), problems))
