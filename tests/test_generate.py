@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from xsa_exp.generate import generate
+from xsa_exp.generate import generate, generate_batch
 from xsa_exp.model import GPT, GPTConfig, KVCache
 
 
@@ -53,3 +53,23 @@ def test_stop_tokens_and_length_limit():
     assert stopped == free[: free.index(free[4])]
     with pytest.raises(ValueError, match="exceeds model.sequence_len=48"):
         generate(model, [1] * 40, 10)
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_batched_prompts_of_different_lengths_continue_as_each_would_alone(arm):
+    model = trained_like_model(**ARMS[arm]).eval()
+    prompts = [[5, 17, 42, 7, 99], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], [250]]
+    # the padded prefill gives each row's last logits as its prompt alone does
+    width = max(map(len, prompts))
+    padding = torch.tensor([width - len(p) for p in prompts])
+    idx = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    batched = model(idx, kv_cache=KVCache(model.config, 3, width, "cpu", first=padding))[:, -1]
+    alone = torch.stack([model(torch.tensor([p]))[0, -1] for p in prompts])
+    torch.testing.assert_close(batched, alone, rtol=1e-4, atol=1e-4)
+    # and the greedy continuations are the same tokens
+    assert generate_batch(model, prompts, 25) == [generate(model, p, 25)[0] for p in prompts]
+
+
+def test_full_recomputation_refuses_padded_prompts():
+    with pytest.raises(ValueError, match="use_cache=False needs prompts of one length"):
+        generate_batch(trained_like_model(**ARMS["alpha=1"]), [[1, 2], [3]], 5, use_cache=False)

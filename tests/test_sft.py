@@ -82,12 +82,17 @@ def test_conversations_load_through_datasets_from_local_files():
     assert load_conversations(data, "train_sources")[1]["gsm8k"] == 2
 
 
-def test_hub_sources_offline_name_the_local_fix(monkeypatch):
+def test_hub_sources_offline_name_the_local_fix(base_run, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    data = compose_config(*SMALL, "stage=sft", "init_from=x").data
+    cfg = compose_config(*SMALL, "stage=sft", f"init_from={base_run}")
+    # train.py stops before the run directory exists ...
+    with pytest.raises(ConfigError, match=r"data.train_sources.smoltalk is the hub dataset HuggingFaceTB/smol-smoltalk, "
+                                          r"but HF_HUB_OFFLINE is set; set data.train_sources.smoltalk.data_files"):
+        validate(cfg)
+    # ... and the loader says the same to anyone calling it directly
     with pytest.raises(DataError, match=r"hub dataset HuggingFaceTB/smol-smoltalk .* HF_HUB_OFFLINE is set; set "
                                         r"data.train_sources.smoltalk.data_files"):
-        load_conversations(data, "train_sources")
+        load_conversations(cfg.data, "train_sources")
 
 
 def test_rows_that_do_not_fit_the_format_are_one_clear_error(tmp_path):

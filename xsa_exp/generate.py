@@ -1,10 +1,11 @@
 """Sampling from a trained GPT with a KV cache: greedy or temperature / top-k, with stop tokens, and
 optional calculator tool use.
 
-One prompt, `num_samples` continuations decoded in parallel (nanochat's Engine pattern). The
-prompt is prefilled once per sample row, then each step feeds only the new token; XSA in the
-cached path projects each new token's attention output against that token's own value, exactly
-as the full forward does (tested against full recomputation).
+A batch of prompts (or one prompt, `num_samples` times) decoded in parallel: the prompts are
+left-padded to one length and prefilled once, then each step feeds only the new tokens; the cache
+keeps the padding out of every real token's attention, so each row continues as it would alone
+(tested). XSA in the cached path projects each new token's attention output against that token's
+own value, exactly as the full forward does (tested against full recomputation).
 
 Tool use (nanochat's GSM8K calculator): when a row closes a <|python_start|> expression
 <|python_end|> call, the expression is evaluated as arithmetic and <|output_start|> result
@@ -24,25 +25,36 @@ from xsa_exp.data.tokenizer import Tokenizer
 from xsa_exp.model import GPT, KVCache
 
 
+def generate(model: GPT, prompt: list[int], max_new_tokens: int, num_samples: int = 1, **options) -> list[list[int]]:
+    """num_samples continuations of one prompt; options as generate_batch's."""
+    return generate_batch(model, [prompt] * num_samples, max_new_tokens, **options)
+
+
 @torch.no_grad()
-def generate(model: GPT, prompt: list[int], max_new_tokens: int, num_samples: int = 1, temperature: float = 0.0,
-             top_k: int | None = None, stop_tokens: Iterable[int] = (), seed: int = 0, use_cache: bool = True,
-             tool_use: Tokenizer | None = None) -> list[list[int]]:
-    """Continuations of prompt (without the prompt), each ending before its first stop token.
-    With tool_use (the run's tokenizer) calculator calls are answered; without, they are plain tokens."""
-    if len(prompt) + max_new_tokens > model.config.sequence_len:
-        raise ValueError(f"prompt of {len(prompt)} + {max_new_tokens} new tokens exceeds model.sequence_len={model.config.sequence_len}")
+def generate_batch(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
+                   top_k: int | None = None, stop_tokens: Iterable[int] = (), seed: int = 0, use_cache: bool = True,
+                   tool_use: Tokenizer | None = None) -> list[list[int]]:
+    """The continuation of each prompt (without the prompt), each ending before its first stop token.
+    With tool_use (the run's tokenizer) calculator calls are answered; without, they are plain tokens.
+    use_cache=False recomputes the whole sequence every step (a check of the cache; equal-length prompts)."""
+    width = max(map(len, prompts))
+    if width + max_new_tokens > model.config.sequence_len:
+        raise ValueError(f"prompt of {width} + {max_new_tokens} new tokens exceeds model.sequence_len={model.config.sequence_len}")
+    padding = torch.tensor([width - len(p) for p in prompts])
+    if not use_cache and padding.any():
+        raise ValueError("use_cache=False needs prompts of one length (only the cache masks padding)")
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     stop = set(stop_tokens)
-    calculator = CalculatorTool(tool_use, num_samples) if tool_use is not None else None
+    rows = len(prompts)
+    calculator = CalculatorTool(tool_use, rows) if tool_use is not None else None
     was_training = model.training
     model.eval()
-    tokens = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)
-    cache = KVCache(model.config, num_samples, len(prompt) + max_new_tokens, device) if use_cache else None
+    tokens = torch.tensor([[0] * (width - len(p)) + p for p in prompts], dtype=torch.long, device=device)
+    cache = KVCache(model.config, rows, width + max_new_tokens, device, first=padding) if use_cache else None
     logits = model(tokens, kv_cache=cache)[:, -1]
-    outputs: list[list[int]] = [[] for _ in range(num_samples)]
-    done = [False] * num_samples
+    outputs: list[list[int]] = [[] for _ in range(rows)]
+    done = [False] * rows
     for _ in range(max_new_tokens):
         next_token = sample(logits, temperature, top_k, generator)
         if calculator is not None:

@@ -160,6 +160,9 @@ def check_chat_sources(data_cfg: DictConfig) -> None:
                 match_files(source.data_files, f"{key}.data_files")
             elif not source.path:
                 raise DataError(f"{key} needs a hub dataset (path) or local files (data_files)")
+            elif offline_variable():
+                raise DataError(f"{key} is the hub dataset {source.path}, but {offline_variable()} is set; "
+                                f"set {key}.data_files to a local copy, or go online")
 
 
 def read_documents(corpus: StreamedCorpus, files: tuple[str, ...]) -> Iterator[list[str]]:

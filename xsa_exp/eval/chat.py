@@ -3,7 +3,8 @@
 - ARC-Easy, ARC-Challenge, MMLU (categorical): the question in the multiple-choice format the SFT
   data teaches (data/sft.py), then <|assistant_start|>; the prediction is the answer letter whose token
   has the highest logit at that position, among the example's letters.
-- GSM8K (generative): greedy answer up to <|assistant_end|>; the number after the last "####" (else the
+- GSM8K (generative): greedy answer up to <|assistant_end|> (prompts batched, left-padded; see
+  generate.py); the number after the last "####" (else the
   last number in the answer) must equal the reference.
 - HumanEval (generative): the code of the answer (its first ```python block, else all of it) with the
   prompt's imports, the task's tests and check(entry_point) runs in the sandbox (sandbox.py); it
@@ -37,7 +38,7 @@ from xsa_exp.data.sft import LETTERS, load_rows, multiple_choice_prompt
 from xsa_exp.data.sources import DataError
 from xsa_exp.data.tokenizer import Tokenizer
 from xsa_exp.eval.sandbox import run_program
-from xsa_exp.generate import generate
+from xsa_exp.generate import generate_batch
 
 TASKS = ("arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval")
 BASELINES = {"arc_easy": 0.25, "arc_challenge": 0.25, "mmlu": 0.25, "gsm8k": 0.0, "humaneval": 0.0}
@@ -153,16 +154,21 @@ def categorical_predictions(model, tokenizer: Tokenizer, examples: list[dict], b
     return predictions
 
 
-def answer_text(model, tokenizer: Tokenizer, user_text: str, max_new_tokens: int, tool_use: bool) -> str:
-    """The model's greedy reply to one user message; a long prompt keeps its end and half the context."""
+def answer_texts(model, tokenizer: Tokenizer, user_texts: list[str], max_new_tokens: int, tool_use: bool,
+                 batch_size: int) -> list[str]:
+    """The model's greedy reply to each user message, batch_size at a time; a long prompt keeps its end
+    and leaves at least half the context (or max_new_tokens) for the reply."""
     special = tokenizer.special_tokens
     budget = min(max_new_tokens, model.config.sequence_len // 2)
-    prompt = render_prompt(tokenizer, [{"role": "user", "content": user_text}])
-    prompt = crop(prompt, model.config.sequence_len - budget)
-    new_tokens = min(max_new_tokens, model.config.sequence_len - len(prompt))
-    [reply] = generate(model, prompt, new_tokens, stop_tokens=[special["<|assistant_end|>"], tokenizer.bos_id],
-                       tool_use=tokenizer if tool_use else None)
-    return tokenizer.decode(reply)
+    prompts = [crop(render_prompt(tokenizer, [{"role": "user", "content": text}]), model.config.sequence_len - budget)
+               for text in user_texts]
+    replies = []
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start:start + batch_size]
+        new_tokens = min(max_new_tokens, model.config.sequence_len - max(map(len, batch)))
+        replies += generate_batch(model, batch, new_tokens, stop_tokens=[special["<|assistant_end|>"], tokenizer.bos_id],
+                                  tool_use=tokenizer if tool_use else None)
+    return [tokenizer.decode(reply) for reply in replies]
 
 
 def final_number(text: str) -> str | None:
@@ -223,14 +229,14 @@ def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, mmlu_source, ma
                 records.append({"prediction": LETTERS[predicted], "answer": LETTERS[example["gold"]],
                                 "correct": predicted == example["gold"], "index": index})
         elif task == "gsm8k":
-            for index, example in examples:
-                reply = answer_text(model, tokenizer, example["question"], max_new_tokens, tool_use)
+            replies = answer_texts(model, tokenizer, [e["question"] for _, e in examples], max_new_tokens, tool_use, batch_size)
+            for (index, example), reply in zip(examples, replies):
                 predicted = final_number(reply)
                 records.append({"prediction": predicted, "answer": example["answer"],
                                 "correct": same_number(predicted, example["answer"]), "index": index, "reply": reply})
         else:
-            for index, example in examples:
-                reply = answer_text(model, tokenizer, example["prompt"], max_new_tokens, tool_use)
+            replies = answer_texts(model, tokenizer, [e["prompt"] for _, e in examples], max_new_tokens, tool_use, batch_size)
+            for (index, example), reply in zip(examples, replies):
                 outcome = run_program(humaneval_program(example, reply), timeout_s, memory_mb)
                 records.append({"prediction": outcome.status, "answer": "passed", "correct": outcome.passed,
                                 "index": index, "reply": reply, "detail": outcome.detail})

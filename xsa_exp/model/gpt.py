@@ -90,13 +90,19 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class KVCache:
-    """Keys and values of every layer for the positions generated so far (B, H, max_len, D each)."""
+    """Keys and values of every layer for the positions generated so far (B, H, max_len, D each).
 
-    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype=torch.float32):
+    Rows of different prompt lengths are left-padded: `first[b]` is row b's first real position, and
+    no real token attends to the padding before it. RoPE scores depend only on the distance between
+    positions, so a padded row computes what it would alone (up to float rounding)."""
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype=torch.float32,
+                 first: torch.Tensor | None = None):
         shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.pos = 0
+        self.first = None if first is None or not first.any() else first.to(device)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Store the new k, v at pos..pos+T and attend the new queries over everything cached so far."""
@@ -105,10 +111,16 @@ class KVCache:
         self.k[layer, :, :, self.pos:end] = k
         self.v[layer, :, :, self.pos:end] = v
         keys, values = self.k[layer, :, :, :end].to(q.dtype), self.v[layer, :, :, :end].to(q.dtype)
-        if T == 1:  # one new token sees every cached position
+        if T == 1 and self.first is None:  # one new token sees every cached position
             return F.scaled_dot_product_attention(q, keys, values)
-        # New token i (absolute position pos + i) sees positions 0..pos + i.
-        mask = torch.ones(T, end, dtype=torch.bool, device=q.device).tril(diagonal=self.pos)
+        # New token i (absolute position pos + i) sees positions 0..pos + i ...
+        key_pos = torch.arange(end, device=q.device)
+        query_pos = torch.arange(self.pos, end, device=q.device)[:, None]
+        mask = key_pos <= query_pos  # (T, end)
+        if self.first is not None:
+            # ... that are not padding; a padding query sees itself, so its softmax stays finite.
+            mask = mask & ((key_pos >= self.first[:, None, None]) | (key_pos == query_pos))  # (B, T, end)
+            mask = mask[:, None]
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
 
