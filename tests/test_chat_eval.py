@@ -39,9 +39,10 @@ class ScriptedModel(torch.nn.Module):
         return logits
 
 
-def test_final_number_prefers_the_marked_answer():
+def test_final_number_is_the_marked_answer():
     assert final_number("so 3 + 4 = 7 apples\n#### 1,234.") == "1234"
-    assert final_number("first 3, then 12 and finally -5") == "-5"
+    assert final_number("#### -5 and later #### 7") == "-5"
+    assert final_number("first 3, then 12 and finally 18") is None  # unmarked numbers never count
     assert final_number("no digits at all") is None
     assert same_number("18.0", "18") and same_number("1234", "1,234") and not same_number("17", "18")
     assert not same_number(None, "18")

@@ -4,8 +4,8 @@
   data teaches (data/sft.py), then <|assistant_start|>; the prediction is the answer letter whose token
   has the highest logit at that position, among the example's letters.
 - GSM8K (generative): greedy answer up to <|assistant_end|> (prompts batched, left-padded; see
-  generate.py); the number after the last "####" (else the
-  last number in the answer) must equal the reference.
+  generate.py); the number the answer marks with "#### " (the format the SFT data teaches; nanochat's
+  rule) must equal the reference.
 - HumanEval (generative): the code of the answer (its first ```python block, else all of it) with the
   prompt's imports, the task's tests and check(entry_point) runs in the sandbox (sandbox.py); it
   passes when the tests do. An answer that does not define the entry point is read as the function's
@@ -45,7 +45,7 @@ BASELINES = {"arc_easy": 0.25, "arc_challenge": 0.25, "mmlu": 0.25, "gsm8k": 0.0
 BUNDLE_FILES = {"arc_easy": "world_knowledge/arc_easy.jsonl", "arc_challenge": "world_knowledge/arc_challenge.jsonl",
                 "gsm8k": "symbolic_problem_solving/gsm8k.jsonl", "humaneval": "programming/human_eval.jsonl"}
 SHUFFLE_SEED = 1337
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+FINAL_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
 
 
 @dataclass
@@ -94,7 +94,7 @@ def load_task(task: str, bundle_dir: Path, mmlu_source) -> list[dict]:
     answer}; HumanEval {prompt, test, entry_point}. Raises DataError when the data is unavailable."""
     if task == "mmlu":
         return [{"question": r["question"], "choices": list(r["choices"]), "gold": int(r["answer"])}
-                for r in load_rows("chatcore.mmlu", mmlu_source)]
+                for r in load_rows("eval.chatcore.mmlu", mmlu_source)]
     path = bundle_dir / "eval_data" / BUNDLE_FILES[task]
     if not path.is_file():
         raise DataError(f"{path} is missing")
@@ -172,13 +172,10 @@ def answer_texts(model, tokenizer: Tokenizer, user_texts: list[str], max_new_tok
 
 
 def final_number(text: str) -> str | None:
-    """The answer GSM8K's format marks with "####", else the last number in the text; commas removed."""
-    marked = text.rsplit("####", 1)[1] if "####" in text else text
-    numbers = NUMBER.findall(marked)
-    if not numbers:
-        return None
-    number = (numbers[0] if "####" in text else numbers[-1]).replace(",", "")
-    return number.rstrip(".")
+    """The number GSM8K's format marks as the answer ("#### 1,234" -> "1234"), as nanochat extracts it:
+    the first marked one; None without a mark, so a reply full of numbers earns nothing by chance."""
+    match = FINAL_ANSWER.search(text)
+    return None if match is None else match.group(1).replace(",", "").rstrip(".")
 
 
 def same_number(predicted: str | None, reference: str) -> bool:
