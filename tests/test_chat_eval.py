@@ -4,9 +4,11 @@ import json
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from tests.conftest import REPO
 from tests.test_core import REAL_BUNDLE as BUNDLE
+from xsa_exp.data.sources import DataError
 from xsa_exp.data.tokenizer import Tokenizer
 from xsa_exp.eval.chat import (BUNDLE_FILES, TASKS, ChatCoreResult, ChatTaskResult, categorical_predictions,
                                evaluate_chat, final_number, humaneval_program, same_number)
@@ -118,7 +120,6 @@ def test_missing_task_data_is_named_not_fatal(tokenizer, tmp_path, monkeypatch):
     arc.write_text("\n".join(json.dumps({"query": f"Question: q{i}?", "choices": ["a", "b", "c", "d"], "gold": i % 4})
                              for i in range(8)))
     letter_c = tokenizer.encode("C")[0]
-    from omegaconf import OmegaConf
     mmlu = OmegaConf.create({"path": "cais/mmlu", "subset": "all", "split": "test", "data_files": None, "max_rows": None})
     result = evaluate_chat(ScriptedModel(lambda position: letter_c), tokenizer, bundle, mmlu)
     assert list(result.tasks) == ["arc_easy"] and result.name == "ChatCORE 1/5"
@@ -129,3 +130,17 @@ def test_missing_task_data_is_named_not_fatal(tokenizer, tmp_path, monkeypatch):
     mmlu.data_files = str(FIXTURES / "mmlu_test.jsonl")
     result = evaluate_chat(ScriptedModel(lambda position: letter_c), tokenizer, bundle, mmlu)
     assert result.tasks["mmlu"].n == 8 and result.tasks["mmlu"].correct == 2  # two fixture answers are C
+
+
+def test_malformed_task_data_stops_with_the_file_and_line(tokenizer, tmp_path):
+    arc = tmp_path / "eval_data" / BUNDLE_FILES["arc_easy"]
+    arc.parent.mkdir(parents=True)
+    arc.write_text(json.dumps({"query": "Question: q?", "choices": ["a", "b"], "gold": 0}) + "\n{not json\n")
+    mmlu = OmegaConf.create({"path": "cais/mmlu", "subset": "all", "split": "test", "data_files": None, "max_rows": None})
+    with pytest.raises(DataError, match=r"arc_easy.jsonl:2 is not valid JSON"):
+        evaluate_chat(ScriptedModel(lambda position: 0), tokenizer, tmp_path, mmlu)
+    # the user's own MMLU file with other columns is an error too, not a silently missing task
+    arc.unlink()
+    mmlu.data_files = str(FIXTURES / "gsm8k_train.jsonl")
+    with pytest.raises(DataError, match=r"eval.chatcore.mmlu rows need question, choices and answer"):
+        evaluate_chat(ScriptedModel(lambda position: 0), tokenizer, tmp_path, mmlu)

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp.checkpoints import RunError, load_run
 from xsa_exp.data.datamodule import TextDataModule
+from xsa_exp.data.sources import DataError
 from xsa_exp.eval.bpb import evaluate_bpb
 from xsa_exp.eval.chat import evaluate_chat
 from xsa_exp.eval.core import BundleError, evaluate_core, resolve_bundle_dir
@@ -101,10 +102,13 @@ def chatcore(run, cfg: DictConfig, bundle: Path, out_dir: Path) -> dict[str, flo
     if c.get("stage_name", "base") != "sft":
         print(f"note: {run.run_dir} is a {c.get('stage_name', 'base')} run; ChatCORE measures a chat (stage=sft) model")
     tool_use = cfg.tool_use if cfg.tool_use is not None else bool(c.data.get("gsm8k_tool_calls", False))
-    result = evaluate_chat(run.model, run.tokenizer, bundle, cfg.mmlu, cfg.max_per_task, cfg.max_new_tokens, tool_use,
-                           cfg.batch_size, cfg.humaneval_timeout_s, cfg.humaneval_memory_mb,
-                           progress=lambda t: print(f"  ChatCORE {t.task:<14} acc {t.accuracy:.4f} ({t.correct}/{t.n}) "
-                                                    f"centered {t.centered:+.4f}  {t.seconds:.0f}s", flush=True))
+    try:
+        result = evaluate_chat(run.model, run.tokenizer, bundle, cfg.mmlu, cfg.max_per_task, cfg.max_new_tokens, tool_use,
+                               cfg.batch_size, cfg.humaneval_timeout_s, cfg.humaneval_memory_mb,
+                               progress=lambda t: print(f"  ChatCORE {t.task:<14} acc {t.accuracy:.4f} ({t.correct}/{t.n}) "
+                                                        f"centered {t.centered:+.4f}  {t.seconds:.0f}s", flush=True))
+    except DataError as e:
+        raise EvaluationError(str(e)) from None
     for task, reason in result.missing.items():
         print(f"  ChatCORE {task:<14} not evaluated: {reason}")
     if not result.tasks:

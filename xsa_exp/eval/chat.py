@@ -48,6 +48,11 @@ SHUFFLE_SEED = 1337
 FINAL_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
 
 
+class TaskDataMissing(DataError):
+    """A task's data is not there (a file absent from the bundle, the hub out of reach): the task is
+    skipped and named. Data that is there but malformed is a DataError, which stops the evaluation."""
+
+
 @dataclass
 class ChatTaskResult:
     task: str
@@ -91,13 +96,22 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def load_task(task: str, bundle_dir: Path, mmlu_source) -> list[dict]:
     """The task's examples in one shape: multiple choice {question, choices, gold}; GSM8K {question,
-    answer}; HumanEval {prompt, test, entry_point}. Raises DataError when the data is unavailable."""
+    answer}; HumanEval {prompt, test, entry_point}."""
     if task == "mmlu":
-        return [{"question": r["question"], "choices": list(r["choices"]), "gold": int(r["answer"])}
-                for r in load_rows("eval.chatcore.mmlu", mmlu_source)]
+        try:
+            rows = load_rows("eval.chatcore.mmlu", mmlu_source)
+        except DataError as e:
+            if mmlu_source.data_files:  # the user's own files: a problem there is theirs to fix
+                raise
+            raise TaskDataMissing(str(e)) from None
+        try:
+            return [{"question": r["question"], "choices": list(r["choices"]), "gold": int(r["answer"])} for r in rows]
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(f"eval.chatcore.mmlu rows need question, choices and answer (an index); "
+                            f"got columns {', '.join(rows.column_names)} ({type(e).__name__}: {e})") from None
     path = bundle_dir / "eval_data" / BUNDLE_FILES[task]
     if not path.is_file():
-        raise DataError(f"{path} is missing")
+        raise TaskDataMissing(f"{path} is missing")
     rows = read_jsonl(path)
     try:
         if task.startswith("arc"):
@@ -212,7 +226,7 @@ def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, mmlu_source, ma
     for task in TASKS:
         try:
             examples = subset(load_task(task, bundle_dir, mmlu_source), max_per_task)
-        except DataError as e:
+        except TaskDataMissing as e:
             result.missing[task] = str(e)
             continue
         if not examples:
