@@ -2,6 +2,7 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, REPO, compose_config
 from xsa_exp.config import ConfigError, validate
@@ -19,6 +20,12 @@ def test_every_config_group_option_composes_and_validates(group, option, tmp_pat
         for name in ("a.jsonl", "b.jsonl"):
             (tmp_path / name).write_text('{"text": "In the beginning."}\n')
         extra = [f"data.path={tmp_path}"]
+    if option == "sft":  # the SFT stage (and its data) starts from a finished base run with the same settings
+        base = tmp_path / "base"
+        (base / "checkpoints").mkdir(parents=True)
+        (base / "checkpoints" / "final.ckpt").touch()
+        (base / "config.yaml").write_text(OmegaConf.to_yaml(compose_config(), resolve=True))
+        extra = ["stage=sft", f"init_from={base}"]
     cfg = compose_config(f"{group}={option}", f"eval.bundle_dir={tmp_path}", *extra)
     validate(cfg)
     assert cfg.model.n_embd % cfg.model.n_head == 0
