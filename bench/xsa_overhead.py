@@ -6,7 +6,7 @@
 XSA: full training steps (forward, backward, MuonAdamW step) for alpha = 0 (standard attention),
 alpha = 1 and learnable alpha on the same initial weights and the same batch, interleaved
 A/B/C, A/B/C, ... after warm-up (the order rotates every repeat), so slow drifts of the machine hit
-every arm alike. Reported: median step time, the median of the per-repeat ratios to alpha = 0 with
+every arm alike; each timed step starts from the arm's state after warm-up (restored untimed). Reported: median step time, the median of the per-repeat ratios to alpha = 0 with
 a bootstrap 95% interval, tokens/s, and peak memory (GPU: per arm; CPU: the process's peak RSS).
 
 Lightning: the same model, optimizer, schedule and batch trained by `Trainer.fit` and by a plain
@@ -20,6 +20,7 @@ values, forward + backward, without the causal halving), as nanochat and the PaL
 from __future__ import annotations
 
 import argparse
+import copy
 import random
 import resource
 import statistics
@@ -100,10 +101,17 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
         for _ in range(warmup):
             timed(lambda: train_step(model, opt, sched, batch, autocast), device)
         peak[name] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+    # Every timed step starts from the state after warm-up (restored, untimed): trained on one repeated
+    # batch, the arms' weights would drift apart and their step times with them, for reasons (denormals,
+    # numerics) that are not XSA's cost.
+    snapshots = {name: (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
+                 for name, (_, model, opt, _) in arms.items()}
     names = list(arms)
     for r in range(repeats):
         for name in names[r % 3:] + names[: r % 3]:
             _, model, opt, sched = arms[name]
+            model.load_state_dict(snapshots[name][0])
+            opt.load_state_dict(snapshots[name][1])
             times[name].append(timed(lambda: train_step(model, opt, sched, batch, autocast), device))
     tokens = batch_size * cfg.model.sequence_len
     base = times["alpha=0"]
@@ -204,14 +212,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--parts", nargs="+", choices=["tiny", "d12", "lightning"], default=["tiny", "d12", "lightning"],
+                        help="CPU mode: which measurements to run")
+    parser.add_argument("--keep-denormals", action="store_true",
+                        help="CPU mode: leave denormal floats on (the default flushes them, see below)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     if args.mode == "cpu":
+        # The arms train on one repeated batch and their weights drift apart; denormal floats that appear
+        # on the way slow CPU arithmetic by different amounts per arm, which is not XSA's cost. (GPUs
+        # flush them in bf16 matmuls anyway.)
+        torch.set_flush_denormal(not args.keep_denormals)
         repeats = args.repeats or 30
-        xsa_overhead("tiny width", ["depth=tiny", "model.sequence_len=128"], 8, "cpu", False, 3, repeats)
-        xsa_overhead("d12 width", ["depth=d12", "model.n_layer=2", "model.sequence_len=128", "model.vocab_size=8192"],
-                     4, "cpu", False, 2, repeats)
-        lightning_overhead(["depth=tiny", "model.sequence_len=128"], 8, block=20, blocks=5)
+        if "tiny" in args.parts:
+            xsa_overhead("tiny width", ["depth=tiny", "model.sequence_len=128"], 8, "cpu", False, 3, repeats)
+        if "d12" in args.parts:
+            xsa_overhead("d12 width", ["depth=d12", "model.n_layer=2", "model.sequence_len=128", "model.vocab_size=8192"],
+                         4, "cpu", False, 2, repeats)
+        if "lightning" in args.parts:
+            lightning_overhead(["depth=tiny", "model.sequence_len=128"], 8, block=20, blocks=5)
     else:
         repeats = args.repeats or 20
         xsa_overhead("d12", ["depth=d12"], 16, "cuda", True, 5, repeats)

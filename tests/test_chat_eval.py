@@ -69,7 +69,7 @@ def test_chatcore_name_says_how_many_tasks_it_covers():
     assert ChatCoreResult(tasks, {}).name == "ChatCORE"
 
 
-def humaneval_examples(n: int = 3) -> list[dict]:
+def humaneval_examples(n: int | None = 3) -> list[dict]:
     path = BUNDLE / "eval_data" / BUNDLE_FILES["humaneval"]
     if not path.is_file():
         pytest.skip(f"needs the eval bundle's HumanEval file ({path}); set XSA_EXP_EVAL_BUNDLE")
@@ -85,6 +85,15 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
             assert run_program(humaneval_program(example, reply), timeout_s=10).passed, example["task_id"]
         wrong = example["prompt"] + "    return None\n"
         assert not run_program(humaneval_program(example, wrong), timeout_s=10).passed
+
+
+@pytest.mark.slow
+def test_every_humaneval_canonical_solution_passes_in_the_sandbox():
+    """The program assembly and the sandbox together must not fail a correct answer."""
+    examples = humaneval_examples(None)
+    failed = [e["task_id"] for e in examples
+              if not run_program(humaneval_program(e, e["prompt"] + e["canonical_solution"]), timeout_s=20).passed]
+    assert len(examples) == 164 and failed == []
 
 
 def test_calculator_evaluates_arithmetic_and_nothing_else():
