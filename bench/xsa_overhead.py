@@ -214,6 +214,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--parts", nargs="+", choices=["tiny", "d12", "lightning"], default=["tiny", "d12", "lightning"],
                         help="CPU mode: which measurements to run")
+    parser.add_argument("--blocks", type=int, default=5, help="CPU mode: Lightning vs bare loop blocks of 20 steps each")
     parser.add_argument("--keep-denormals", action="store_true",
                         help="CPU mode: leave denormal floats on (the default flushes them, see below)")
     args = parser.parse_args()
@@ -230,7 +231,7 @@ def main() -> None:
             xsa_overhead("d12 width", ["depth=d12", "model.n_layer=2", "model.sequence_len=128", "model.vocab_size=8192"],
                          4, "cpu", False, 2, repeats)
         if "lightning" in args.parts:
-            lightning_overhead(["depth=tiny", "model.sequence_len=128"], 8, block=20, blocks=5)
+            lightning_overhead(["depth=tiny", "model.sequence_len=128"], 8, block=20, blocks=args.blocks)
     else:
         repeats = args.repeats or 20
         xsa_overhead("d12", ["depth=d12"], 16, "cuda", True, 5, repeats)
