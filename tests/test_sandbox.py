@@ -194,26 +194,12 @@ def test_runs_without_namespaces_when_unshare_is_refused(monkeypatch):
 @pytest.mark.parametrize("program", [
     "import os\nif os.fork() == 0:\n    os._exit(0)",
     "import multiprocessing\nmultiprocessing.get_context('spawn').Process(target=print).start()",
-])
-def test_forks_are_blocked(program):
-    result = run(program)
-    assert result.status == "blocked", result.detail
-
-
-@pytest.mark.parametrize("program", [
     "import ctypes\nctypes.CDLL(None).getpid()",
     "import _ctypes",
-])
-def test_ctypes_is_blocked(program):
-    result = run(program)
-    assert result.status == "blocked", result.detail
-
-
-@pytest.mark.parametrize("program", [
     "import os\nos.kill(os.getppid(), 0)",
     "import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))",
-])
-def test_signals_and_limit_changes_are_blocked(program):
+], ids=["fork", "multiprocessing", "ctypes", "_ctypes", "kill", "setrlimit"])
+def test_forks_ctypes_signals_and_limit_changes_are_blocked(program):
     result = run(program)
     assert result.status == "blocked", result.detail
 
