@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from tests.conftest import REPO
 from tests.test_core import REAL_BUNDLE as BUNDLE
 from xsa_exp.data.sources import DataError
+from xsa_exp.eval.core import BundleError
 from xsa_exp.data.tokenizer import Tokenizer
 from xsa_exp.eval.chat import (BUNDLE_FILES, TASKS, ChatCoreResult, ChatTaskResult, categorical_predictions,
                                evaluate_chat, final_number, humaneval_program, same_number)
@@ -146,7 +147,7 @@ def test_malformed_task_data_stops_with_the_file_and_line(tokenizer, tmp_path):
     arc.parent.mkdir(parents=True)
     arc.write_text(json.dumps({"query": "Question: q?", "choices": ["a", "b"], "gold": 0}) + "\n{not json\n")
     mmlu = OmegaConf.create({"path": "cais/mmlu", "subset": "all", "split": "test", "data_files": None, "max_rows": None})
-    with pytest.raises(DataError, match=r"arc_easy.jsonl:2 is not valid JSON"):
+    with pytest.raises(BundleError, match=r"arc_easy.jsonl line 2: malformed JSON"):
         evaluate_chat(ScriptedModel(lambda position: 0), tokenizer, tmp_path, mmlu)
     # the user's own MMLU file with other columns is an error too, not a silently missing task
     arc.unlink()

@@ -1,5 +1,6 @@
 """The SFT stage: chat data through datasets, the loss mask in packed rows, and the stage's checks."""
 
+import csv
 import json
 import os
 import subprocess
@@ -159,19 +160,24 @@ def test_smoke_pipeline_base_then_sft_then_chatcore(base_run, tmp_path):
     sft = tmp_path / "sft"
     subprocess.run([sys.executable, "train.py", *SMALL, "stage=sft", f"init_from={base_run}", *SFT_DATA, "train.max_steps=3",
                     f"hydra.run.dir={sft}"], cwd=REPO, env=env, check=True, capture_output=True)
-    common = [f"run={sft}", "eval.metrics=[chatcore]", f"eval.bundle_dir={BUNDLE}", "eval.chatcore.max_per_task=2"]
-    done = subprocess.run([sys.executable, "evaluate.py", *common, f"eval.chatcore.mmlu.data_files={FIXTURES / 'mmlu_test.jsonl'}"],
+    common = [f"run={sft}", f"eval.bundle_dir={BUNDLE}", "eval.chatcore.max_per_task=2"]
+    done = subprocess.run([sys.executable, "evaluate.py", *common, "eval.metrics=[bpb,chatcore]",
+                           f"eval.chatcore.mmlu.data_files={FIXTURES / 'mmlu_test.jsonl'}"],
                           cwd=REPO, env=env, check=True, capture_output=True, text=True)
     [summary_path] = (sft / "eval").glob("*/summary.json")
     metrics = json.loads(summary_path.read_text())["metrics"]
     assert "ChatCORE" in metrics and "ChatCORE" in done.stdout
+    # bpb over the assistant tokens of the validation conversations, as the SFT run logged it
+    with open(sft / "metrics.csv") as f:
+        logged = [float(r["val/bpb"]) for r in csv.DictReader(f) if r["val/bpb"]]
+    assert metrics["val/bpb"] == pytest.approx(logged[-1], rel=1e-6)
     centered = [(metrics[f"chat/{t}"] - b) / (1 - b) for t, b in BASELINES.items()]
     assert metrics["ChatCORE"] == pytest.approx(sum(centered) / 5)
     examples = [json.loads(line) for line in (summary_path.parent / "chatcore_examples.jsonl").read_text().splitlines()]
     assert [e["task"] for e in examples] == [t for t in BASELINES for _ in range(2)]
     assert all("reply" in e for e in examples if e["task"] in ("gsm8k", "humaneval"))
     # without MMLU data (the hub is offline) the score says it covers four tasks
-    subprocess.run([sys.executable, "evaluate.py", *common], cwd=REPO, env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "evaluate.py", *common, "eval.metrics=[chatcore]"], cwd=REPO, env=env, check=True, capture_output=True)
     newest = max((sft / "eval").glob("*/summary.json"), key=lambda p: p.stat().st_mtime_ns)
     metrics = json.loads(newest.read_text())["metrics"]
     assert "ChatCORE 4/5" in metrics and "ChatCORE" not in metrics and "chat/mmlu" not in metrics

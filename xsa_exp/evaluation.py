@@ -61,7 +61,7 @@ def evaluate(cfg: DictConfig) -> Path:
     if "bpb" in metrics or "diagnostics" in metrics:
         data = TextDataModule(c.data, c.model.sequence_len, c.model.vocab_size, c.train.device_batch_size, c.seed,
                               c.cache_dir, tokenizer_dir=run.run_dir / "tokenizer")
-        data.setup()
+        data.setup("validate")
     if "bpb" in metrics:
         val_tokens = options.val_tokens or c.eval.val_tokens
         summary["metrics"]["val/bpb"] = evaluate_bpb(model, data.val_batches(val_tokens), data.token_bytes, autocast)
@@ -77,9 +77,7 @@ def evaluate(cfg: DictConfig) -> Path:
         summary["core"] = {"name": result.name, "n_tasks": result.n_tasks, "max_per_task": options.core_max_per_task,
                            "bundle": str(bundle)}
         write_csv(out_dir / "core_tasks.csv", [vars(t) for t in result.tasks.values()])
-        with open(out_dir / "core_examples.jsonl", "w") as f:
-            for example in result.examples:
-                f.write(json.dumps(example) + "\n")
+        write_jsonl(out_dir / "core_examples.jsonl", result.examples)
     if "diagnostics" in metrics:
         rows = options.diag_rows or c.eval.diag_rows
         diag = attention_diagnostics(model, data.diagnostics_inputs(rows).to(device), autocast)
@@ -107,7 +105,7 @@ def chatcore(run, cfg: DictConfig, bundle: Path, out_dir: Path) -> dict[str, flo
                                cfg.batch_size, cfg.humaneval_timeout_s, cfg.humaneval_memory_mb,
                                progress=lambda t: print(f"  ChatCORE {t.task:<14} acc {t.accuracy:.4f} ({t.correct}/{t.n}) "
                                                         f"centered {t.centered:+.4f}  {t.seconds:.0f}s", flush=True))
-    except DataError as e:
+    except (DataError, BundleError) as e:
         raise EvaluationError(str(e)) from None
     for task, reason in result.missing.items():
         print(f"  ChatCORE {task:<14} not evaluated: {reason}")
@@ -115,9 +113,7 @@ def chatcore(run, cfg: DictConfig, bundle: Path, out_dir: Path) -> dict[str, flo
         raise EvaluationError(f"ChatCORE has no task data: {'; '.join(result.missing.values())}; set eval.bundle_dir "
                               "(ARC, GSM8K, HumanEval) and eval.chatcore.mmlu.data_files, or drop chatcore from eval.metrics")
     write_csv(out_dir / "chatcore_tasks.csv", [vars(t) for t in result.tasks.values()])
-    with open(out_dir / "chatcore_examples.jsonl", "w") as f:
-        for example in result.examples:
-            f.write(json.dumps(example) + "\n")
+    write_jsonl(out_dir / "chatcore_examples.jsonl", result.examples)
     (out_dir / "chatcore.json").write_text(json.dumps(
         {"name": result.name, "n_tasks": len(result.tasks), "missing": result.missing, "tool_use": tool_use,
          "max_per_task": cfg.max_per_task, "bundle": str(bundle)}, indent=1))
@@ -142,6 +138,12 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
 
 
 def print_table(summary: dict, out_dir: Path) -> None:

@@ -85,7 +85,7 @@ class TextDataModule(L.LightningDataModule):
         self.token_bytes = self.tokenizer.token_bytes()
         row_len = self.sequence_len + 1
         if self.data_cfg.name == "sft":
-            self.setup_chat(row_len)
+            self.setup_chat(row_len, training=stage != "validate")
             return
         if self.corpus is None:
             self.setup_sample(row_len)
@@ -113,20 +113,26 @@ class TextDataModule(L.LightningDataModule):
                        f"{len(val_tokens):,} validation tokens; tokenizer {self.tokenizer_dir}; "
                        f"unigram baseline {self.unigram_bpb:.3f} bits/byte")
 
-    def setup_chat(self, row_len: int) -> None:
-        train, counts = load_conversations(self.data_cfg, "train_sources")
+    def setup_chat(self, row_len: int, training: bool) -> None:
+        """training=False (evaluation): only the validation conversations, not the whole mixture, are read."""
         val, _ = load_conversations(self.data_cfg, "val_sources")
-        train_rows = conversation_rows(self.tokenizer, train, row_len, self.seed)
         self.val_rows, self.val_complete = conversation_rows(self.tokenizer, val, row_len, self.seed), True
-        if len(train_rows) == 0 or len(self.val_rows) == 0:
-            raise DataError(f"the SFT {'training' if len(train_rows) == 0 else 'validation'} conversations hold fewer than "
-                            f"sequence_len + 1 = {row_len} tokens; add conversations or use a shorter sequence")
-        self.train_rows = EpochPermutations(train_rows, self.seed)
         self.unigram_bpb = None
-        trained = float((train_rows[:, 1:] >= 0).float().mean())
-        rank_zero_info(f"data: SFT mixture {', '.join(f'{name} {n:,}' for name, n in counts.items())} conversations -> "
-                       f"{len(train_rows):,} rows ({trained:.0%} of targets are assistant tokens), validation "
-                       f"{len(val):,} conversations ({len(self.val_rows):,} rows); tokenizer {self.tokenizer_dir}")
+        if len(self.val_rows) == 0:
+            raise DataError(f"the SFT validation conversations hold fewer than sequence_len + 1 = {row_len} tokens; "
+                            "add conversations or use a shorter sequence")
+        message = f"validation {len(val):,} conversations ({len(self.val_rows):,} rows); tokenizer {self.tokenizer_dir}"
+        if training:
+            train, counts = load_conversations(self.data_cfg, "train_sources")
+            train_rows = conversation_rows(self.tokenizer, train, row_len, self.seed)
+            if len(train_rows) == 0:
+                raise DataError(f"the SFT training conversations hold fewer than sequence_len + 1 = {row_len} tokens; "
+                                "add conversations or use a shorter sequence")
+            self.train_rows = EpochPermutations(train_rows, self.seed)
+            trained = float((train_rows[:, 1:] >= 0).float().mean())
+            message = (f"SFT mixture {', '.join(f'{name} {n:,}' for name, n in counts.items())} conversations -> "
+                       f"{len(train_rows):,} rows ({trained:.0%} of targets are assistant tokens), {message}")
+        rank_zero_info(f"data: {message}")
 
     @property
     def epoch_tokens(self) -> int | None:

@@ -23,7 +23,6 @@ max_per_task cap, as CORE's are.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import time
@@ -37,6 +36,7 @@ from xsa_exp.data.chat import render_prompt
 from xsa_exp.data.sft import LETTERS, load_rows, multiple_choice_prompt
 from xsa_exp.data.sources import DataError
 from xsa_exp.data.tokenizer import Tokenizer
+from xsa_exp.eval.core import SHUFFLE_SEED, check_example, check_fields, read_examples
 from xsa_exp.eval.sandbox import run_program
 from xsa_exp.generate import generate_batch
 
@@ -44,7 +44,7 @@ TASKS = ("arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval")
 BASELINES = {"arc_easy": 0.25, "arc_challenge": 0.25, "mmlu": 0.25, "gsm8k": 0.0, "humaneval": 0.0}
 BUNDLE_FILES = {"arc_easy": "world_knowledge/arc_easy.jsonl", "arc_challenge": "world_knowledge/arc_challenge.jsonl",
                 "gsm8k": "symbolic_problem_solving/gsm8k.jsonl", "humaneval": "programming/human_eval.jsonl"}
-SHUFFLE_SEED = 1337
+GENERATIVE_FIELDS = {"gsm8k": ("context", "answer"), "humaneval": ("prompt", "test", "entry_point")}
 FINAL_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
 
 
@@ -83,17 +83,6 @@ class ChatCoreResult:
 # Data
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except ValueError as e:
-                raise DataError(f"{path}:{number} is not valid JSON ({e}); restore the file from the eval bundle") from None
-    return rows
-
-
 def load_task(task: str, bundle_dir: Path, mmlu_source) -> list[dict]:
     """The task's examples in one shape: multiple choice {question, choices, gold}; GSM8K {question,
     answer}; HumanEval {prompt, test, entry_point}."""
@@ -112,16 +101,14 @@ def load_task(task: str, bundle_dir: Path, mmlu_source) -> list[dict]:
     path = bundle_dir / "eval_data" / BUNDLE_FILES[task]
     if not path.is_file():
         raise TaskDataMissing(f"{path} is missing")
-    rows = read_jsonl(path)
-    try:
-        if task.startswith("arc"):
-            return [{"question": r["query"].removeprefix("Question:").strip(), "choices": r["choices"], "gold": r["gold"]}
-                    for r in rows]
-        if task == "gsm8k":
-            return [{"question": r["context"], "answer": r["answer"]} for r in rows]
-        return [{"prompt": r["prompt"], "test": r["test"], "entry_point": r["entry_point"]} for r in rows]
-    except KeyError as e:
-        raise DataError(f"{path} lacks the field {e}; restore the file from the eval bundle") from None
+    if task.startswith("arc"):  # CORE's multiple-choice files, checked as CORE checks them
+        rows = read_examples(path, lambda item, where: check_example(item, "multiple_choice", where))
+        return [{"question": r["query"].removeprefix("Question:").strip(), "choices": r["choices"], "gold": r["gold"]}
+                for _, r in rows]
+    rows = read_examples(path, lambda item, where: check_fields(item, GENERATIVE_FIELDS[task], task, where))
+    if task == "gsm8k":
+        return [{"question": r["context"], "answer": r["answer"]} for _, r in rows]
+    return [{"prompt": r["prompt"], "test": r["test"], "entry_point": r["entry_point"]} for _, r in rows]
 
 
 def subset(examples: list[dict], max_per_task: int | None) -> list[tuple[int, dict]]:
@@ -135,11 +122,6 @@ def subset(examples: list[dict], max_per_task: int | None) -> list[tuple[int, di
 # Scoring
 
 
-def crop(prompt: list[int], max_len: int) -> list[int]:
-    """The prompt's last max_len tokens (a long few-shot-free prompt rarely needs it)."""
-    return prompt[-max_len:]
-
-
 @torch.no_grad()
 def categorical_predictions(model, tokenizer: Tokenizer, examples: list[dict], batch_size: int) -> list[int]:
     """For each example, the index of the answer letter with the highest logit after <|assistant_start|>."""
@@ -151,8 +133,8 @@ def categorical_predictions(model, tokenizer: Tokenizer, examples: list[dict], b
         letter_ids.append(ids[0])
     device = next(model.parameters()).device
     max_len = model.config.sequence_len
-    prompts = [crop(render_prompt(tokenizer, [{"role": "user", "content": multiple_choice_prompt(e["question"], e["choices"])}]),
-                    max_len) for e in examples]
+    prompts = [render_prompt(tokenizer, [{"role": "user", "content": multiple_choice_prompt(e["question"], e["choices"])}])
+               [-max_len:] for e in examples]  # a prompt longer than the context keeps its end
     predictions = []
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
@@ -174,7 +156,7 @@ def answer_texts(model, tokenizer: Tokenizer, user_texts: list[str], max_new_tok
     and leaves at least half the context (or max_new_tokens) for the reply."""
     special = tokenizer.special_tokens
     budget = min(max_new_tokens, model.config.sequence_len // 2)
-    prompts = [crop(render_prompt(tokenizer, [{"role": "user", "content": text}]), model.config.sequence_len - budget)
+    prompts = [render_prompt(tokenizer, [{"role": "user", "content": text}])[-(model.config.sequence_len - budget):]
                for text in user_texts]
     replies = []
     for start in range(0, len(prompts), batch_size):
@@ -219,7 +201,8 @@ def humaneval_program(example: dict, reply: str) -> str:
 def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, mmlu_source, max_per_task: int | None = None,
                   max_new_tokens: int = 512, tool_use: bool = False, batch_size: int = 8, timeout_s: float = 10.0,
                   memory_mb: int = 1024, progress: Callable[[ChatTaskResult], None] | None = None) -> ChatCoreResult:
-    """Every task whose data is available; the others are listed in `missing` with the reason."""
+    """Every task whose data is available; the others are listed in `missing` with the reason. Data that
+    is there but malformed raises DataError or BundleError (file and line)."""
     was_training = model.training
     model.eval()
     result = ChatCoreResult({}, {})

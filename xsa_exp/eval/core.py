@@ -190,6 +190,14 @@ def task_path(bundle_dir: str | os.PathLike, spec: TaskSpec) -> Path:
 
 def load_task_data(path: str | os.PathLike, task_type: str) -> list[tuple[int, dict]]:
     """(line index in the file, example) pairs, validated and shuffled as nanochat shuffles them."""
+    data = read_examples(path, lambda item, where: check_example(item, task_type, where))
+    random.Random(SHUFFLE_SEED).shuffle(data)  # same permutation as shuffling the bare items
+    return data
+
+
+def read_examples(path: str | os.PathLike, check: Callable[[dict, str], None]) -> list[tuple[int, dict]]:
+    """(line index, example) of a JSONL file of the bundle, each a JSON object passed to check(item, where);
+    blank lines are skipped."""
     path = Path(path)
     data = []
     with open(path, encoding="utf-8") as f:
@@ -201,18 +209,21 @@ def load_task_data(path: str | os.PathLike, task_type: str) -> list[tuple[int, d
                 item = json.loads(line)
             except json.JSONDecodeError as e:
                 raise BundleError(f"{where}: malformed JSON ({e.msg}); fix or remove that line") from e
-            _check_example(item, task_type, where)
+            if not isinstance(item, dict):
+                raise BundleError(f"{where}: expected a JSON object, got {type(item).__name__}; fix or remove that line")
+            check(item, where)
             data.append((line_index, item))
-    random.Random(SHUFFLE_SEED).shuffle(data)  # same permutation as shuffling the bare items
     return data
 
 
-def _check_example(item: object, task_type: str, where: str) -> None:
-    if not isinstance(item, dict):
-        raise BundleError(f"{where}: expected a JSON object, got {type(item).__name__}; fix or remove that line")
-    for key in REQUIRED_FIELDS[task_type]:
+def check_fields(item: dict, fields: Sequence[str], kind: str, where: str) -> None:
+    for key in fields:
         if key not in item:
-            raise BundleError(f"{where}: missing field '{key}' required by {task_type} examples; fix or remove that line")
+            raise BundleError(f"{where}: missing field '{key}' required by {kind} examples; fix or remove that line")
+
+
+def check_example(item: dict, task_type: str, where: str) -> None:
+    check_fields(item, REQUIRED_FIELDS[task_type], task_type, where)
     if "gold" in REQUIRED_FIELDS[task_type]:
         key = "choices" if task_type == "multiple_choice" else "context_options"
         options = item[key]
