@@ -47,6 +47,11 @@ def test_depth_presets_have_the_study_sizes():
     ("xsa.value_source=post", "xsa.value_source='post' is not an option; allowed: mixed, plain"),
     ("optim.muon.ns_coefficients=cubic", "allowed: quintic, polar_express"),
     ("train.device_batch_size=3", "train.total_batch_tokens=2048 is not a multiple"),
+    ("xsa.learnable=true", "xsa.alpha=1.0 is the initial alpha of a learnable run"),
+    ("xsa.parametrization=softplus", "xsa.parametrization='softplus' is not an option; allowed: sigmoid, tanh"),
+    ("xsa.eps=-1", "xsa.eps=-1 must be > 0"),
+    ("optim.lr_scale=0", "optim.lr_scale=0 must be > 0"),
+    ("eval.val_tokens=0", "eval.val_tokens=0 must be a positive integer"),
 ])
 def test_bad_values_raise_one_line_naming_the_key(override, message):
     with pytest.raises(ConfigError) as info:

@@ -15,7 +15,7 @@ def trained_like_model(**xsa):
 
 
 ARMS = {"alpha=0": dict(xsa_layers=[0, 1, 2], xsa_alpha=0.0), "alpha=1": dict(xsa_layers=[0, 1, 2], xsa_alpha=1.0),
-        "learnable": dict(xsa_layers=[0, 2], xsa_learnable=True), "plain": dict(xsa_layers=[0, 1, 2], xsa_value_source="plain")}
+        "learnable": dict(xsa_layers=[0, 2], xsa_learnable=True, xsa_alpha=0.5), "plain": dict(xsa_layers=[0, 1, 2], xsa_value_source="plain")}
 
 
 @pytest.mark.parametrize("arm", list(ARMS))

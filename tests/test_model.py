@@ -38,12 +38,12 @@ def test_untied_no_bias_zero_init_projections():
 
 
 def test_every_parameter_has_exactly_one_role():
-    model = make(xsa_learnable=True)
+    model = make(xsa_learnable=True, xsa_alpha=0.5)
     groups = model.named_param_groups()
     seen = [id(p) for params in groups.values() for _, p in params]
     assert len(seen) == len(set(seen)) == len(list(model.parameters()))
     assert all(p.ndim == 2 for _, p in groups["matrix"])
-    assert {n for n, _ in groups["xsa_alpha"]} == {f"blocks.{i}.attn.xsa_theta" for i in range(4)}
+    assert {n for n, _ in groups["xsa_theta"]} == {f"blocks.{i}.attn.xsa_theta" for i in range(4)}
     counts = model.param_counts()
     assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
 

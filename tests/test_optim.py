@@ -92,7 +92,7 @@ def test_routing_every_parameter_once_no_vector_on_muon():
     for group in opt.param_groups:
         if group["algorithm"] == "muon":
             assert all(p.ndim == 2 for p in group["params"])
-    assert by_role["xsa_alpha"]["algorithm"] == "adamw"
+    assert by_role["xsa_theta"]["algorithm"] == "adamw"
     # AdamW lrs of the embeddings shrink with width as (n_embd / 768)^-0.5; scalars keep theirs.
     assert by_role["embedding"]["lr"] == pytest.approx(0.2 * (32 / 768) ** -0.5)
     assert by_role["x0_scalar"]["lr"] == 0.5

@@ -45,10 +45,28 @@ def test_zero_value_gives_finite_output_and_gradients():
     assert torch.isfinite(y.grad).all() and torch.isfinite(v.grad).all()
 
 
-def test_bf16_alpha_one_is_orthogonal_to_bf16_precision():
-    y, v = rand(2, 4, 16, 64).bfloat16(), rand(2, 4, 16, 64, seed=1).bfloat16()
-    z = exclusive_self_attention(y, v, 1.0)
-    assert F.cosine_similarity(z.float(), v.float(), dim=-1).abs().max() < 2e-2
+def nearly_parallel(shape, seed=0):
+    """y = 0.99 v + 0.01 noise: the case where z is a small difference of large terms."""
+    v = rand(*shape, seed=seed)
+    return 0.99 * v + 0.01 * rand(*shape, seed=seed + 1), v
+
+
+@pytest.mark.parametrize("inputs", ["random", "nearly_parallel"])
+def test_alpha_one_is_orthogonal_under_cpu_bf16_autocast(inputs):
+    y, v = (rand(2, 4, 16, 64), rand(2, 4, 16, 64, seed=1)) if inputs == "random" else nearly_parallel((2, 4, 16, 64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = exclusive_self_attention(y.bfloat16(), v.bfloat16(), 1.0)
+    assert z.dtype == torch.bfloat16
+    assert F.cosine_similarity(z.float(), v.bfloat16().float(), dim=-1).abs().max() <= 1e-2
+
+
+def test_bf16_rounding_of_the_subtraction_would_break_orthogonality():
+    # The case the fp32 subtraction exists for: done in bf16 it leaves a large component along v.
+    y, v = nearly_parallel((2, 4, 16, 64))
+    y, v = y.bfloat16(), v.bfloat16()
+    coef = ((y.float() * v.float()).sum(-1, keepdim=True) / (v.float() * v.float()).sum(-1, keepdim=True)).bfloat16()
+    z_bf16_subtraction = y - coef * v
+    assert F.cosine_similarity(z_bf16_subtraction.float(), v.float(), dim=-1).abs().max() > 0.1
 
 
 @pytest.mark.parametrize("spec, expected", [
@@ -88,21 +106,60 @@ def test_model_alpha_zero_is_bit_identical_to_standard_attention():
     assert not torch.equal(standard(idx), full(idx))
 
 
+def block_outputs(model, idx) -> list[torch.Tensor]:
+    outputs = []
+    hooks = [block.register_forward_hook(lambda mod, args, out: outputs.append(out)) for block in model.blocks]
+    model(idx)
+    for hook in hooks:
+        hook.remove()
+    return outputs
+
+
 def test_unselected_layers_are_untouched():
-    model = tiny_model(xsa_layers=[2], xsa_alpha=1.0)
-    assert [b.attn.xsa_on for b in model.blocks] == [False, False, True]
+    idx = torch.randint(0, 300, (2, 32))
+    standard = block_outputs(tiny_model(xsa_layers=[]), idx)
+    last_only = block_outputs(tiny_model(xsa_layers=[2], xsa_alpha=1.0), idx)
+    assert torch.equal(standard[0], last_only[0]) and torch.equal(standard[1], last_only[1])
+    assert (standard[2] - last_only[2]).abs().max() > 1e-3
 
 
-def test_learnable_alpha_is_tanh_theta_per_head_and_trains():
-    model = tiny_model(xsa_layers=[0, 2], xsa_learnable=True, xsa_theta_init=0.0)
+def test_learnable_alpha_is_sigmoid_theta_per_head_from_the_initial_alpha_and_trains():
+    model = tiny_model(xsa_layers=[0, 2], xsa_learnable=True, xsa_alpha=0.3)
+    # tiny_model perturbs every parameter, theta too; a fresh model starts exactly at xsa_alpha.
+    fresh = GPT(GPTConfig(sequence_len=32, vocab_size=300, n_layer=3, n_head=2, n_embd=32, xsa_layers=[0, 2],
+                          xsa_learnable=True, xsa_alpha=0.3))
+    torch.testing.assert_close(fresh.xsa_alphas(), torch.tensor([[0.3, 0.3], [0.0, 0.0], [0.3, 0.3]]))
     thetas = [b.attn.xsa_theta for b in model.blocks]
     assert thetas[1] is None and thetas[0].shape == (2,)
     idx = torch.randint(0, 300, (2, 32))
     model(idx[:, :-1], idx[:, 1:]).backward()
     assert thetas[0].grad is not None and thetas[0].grad.abs().sum() > 0
     with torch.no_grad():
-        thetas[0].fill_(0.3)
-    torch.testing.assert_close(model.blocks[0].attn.alpha().flatten(), torch.tanh(torch.tensor([0.3, 0.3])))
+        thetas[0].copy_(torch.tensor([0.3, -0.7]))
+    torch.testing.assert_close(model.blocks[0].attn.alpha().flatten(), torch.sigmoid(torch.tensor([0.3, -0.7])))
+    torch.testing.assert_close(model.xsa_alphas()[0], torch.sigmoid(torch.tensor([0.3, -0.7])))
+
+
+@pytest.mark.parametrize("theta", [-30.0, 30.0])
+def test_learnable_sigmoid_alpha_stays_in_zero_one_for_extreme_theta(theta):
+    model = tiny_model(xsa_layers=[0, 1, 2], xsa_learnable=True, xsa_alpha=0.5)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.xsa_theta.fill_(theta)
+    alphas = model.xsa_alphas()
+    assert ((alphas >= 0) & (alphas <= 1)).all()
+    assert torch.allclose(alphas, torch.full_like(alphas, 0.0 if theta < 0 else 1.0), atol=1e-6)
+    assert torch.isfinite(model(torch.randint(0, 300, (1, 32)))).all()
+
+
+def test_tanh_parametrization_is_the_signed_option():
+    model = tiny_model(xsa_layers=[0], xsa_learnable=True, xsa_alpha=0.5, xsa_parametrization="tanh")
+    with torch.no_grad():
+        model.blocks[0].attn.xsa_theta.fill_(-5.0)
+    assert model.xsa_alphas()[0].max() < -0.99  # the inversion the sigmoid default rules out
+    fresh = GPT(GPTConfig(sequence_len=32, vocab_size=300, n_layer=3, n_head=2, n_embd=32, xsa_layers=[0],
+                          xsa_learnable=True, xsa_alpha=0.5, xsa_parametrization="tanh"))
+    torch.testing.assert_close(fresh.xsa_alphas()[0], torch.tensor([0.5, 0.5]))
 
 
 def test_value_source_plain_projects_against_unmixed_value():

@@ -16,6 +16,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
+from xsa_exp.data.datamodule import describe_val_scope
 from xsa_exp.eval.bpb import evaluate_bpb
 from xsa_exp.eval.core import evaluate_core
 from xsa_exp.eval.diagnostics import attention_diagnostics, flatten_diagnostics
@@ -106,12 +107,16 @@ class ScheduledEvaluation(L.Callback):
         row = self.measure(trainer, pl_module)
         log_row(trainer, row, step, self.tokens_per_step)
         shown = ", ".join(f"{k} {v:.4f}" for k, v in row.items() if self.headline(k))
-        rank_zero_info(f"step {step:>6}/{trainer.max_steps} | {shown}")
+        rank_zero_info(f"step {step:>6}/{trainer.max_steps} | {shown}{self.console_note(trainer)}")
         self.last_step = step
 
     def headline(self, key: str) -> bool:
         """Whether a metric goes on the console line (all go to the loggers)."""
         return True
+
+    def console_note(self, trainer) -> str:
+        """Text after the console line's numbers, e.g. how much of the split they cover."""
+        return ""
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self.every > 0 and trainer.global_step == 0:
@@ -125,9 +130,9 @@ class ScheduledEvaluation(L.Callback):
 
 
 class ValidationBPB(ScheduledEvaluation):
-    """Validation bits-per-byte over the first `val_tokens` of the validation split."""
+    """Validation bits-per-byte over the whole validation split, or its first `val_tokens` (then the console says so)."""
 
-    def __init__(self, every: int, val_tokens: int, tokens_per_step: int):
+    def __init__(self, every: int, val_tokens: int | None, tokens_per_step: int):
         super().__init__(every, tokens_per_step)
         self.val_tokens = val_tokens
 
@@ -137,6 +142,10 @@ class ValidationBPB(ScheduledEvaluation):
         # Same autocast as training (bf16-mixed on CUDA), so the numbers match evaluate.py's.
         bpb = evaluate_bpb(pl_module.model, batches, datamodule.token_bytes, trainer.precision_plugin.forward_context)
         return {"val/bpb": bpb}
+
+    def console_note(self, trainer) -> str:
+        scope = describe_val_scope(trainer.datamodule.val_scope(self.val_tokens))
+        return f" ({scope})" if scope else ""
 
 
 class CoreEvaluation(ScheduledEvaluation):
@@ -161,7 +170,8 @@ class CoreEvaluation(ScheduledEvaluation):
 
 class AttentionDiagnostics(ScheduledEvaluation):
     """attn_self_cos, out_self_cos, diag_attn, value_sim, attn_entropy on a fixed validation batch:
-    per layer (head mean) and overall in the metrics; every head in diagnostics.jsonl."""
+    per layer (head mean) and overall in the metrics; every head in diagnostics.jsonl, with the alpha
+    each head applies ("alpha"; learnable runs also log xsa/alpha and xsa/alpha/L{layer})."""
 
     def __init__(self, every: int, tokens_per_step: int, rows: int, jsonl_path):
         super().__init__(every, tokens_per_step)
@@ -169,11 +179,18 @@ class AttentionDiagnostics(ScheduledEvaluation):
 
     def measure(self, trainer, pl_module) -> dict[str, float]:
         idx = trainer.datamodule.diagnostics_inputs(self.rows).to(pl_module.device)
-        diag = attention_diagnostics(pl_module.model, idx, trainer.precision_plugin.forward_context)
+        model = pl_module.model
+        diag = attention_diagnostics(model, idx, trainer.precision_plugin.forward_context)
+        alphas = model.xsa_alphas()
         if trainer.is_global_zero:
             with open(self.jsonl_path, "a") as f:
-                f.write(json.dumps({"step": trainer.global_step, **{k: v.tolist() for k, v in diag.items()}}) + "\n")
-        return {k: v for k, v in flatten_diagnostics(diag).items() if "/H" not in k}
+                f.write(json.dumps({"step": trainer.global_step, **{k: v.tolist() for k, v in diag.items()},
+                                    "alpha": alphas.tolist()}) + "\n")
+        row = {k: v for k, v in flatten_diagnostics(diag).items() if "/H" not in k}
+        if model.config.xsa_learnable:  # what the model has learned, per layer (mean over heads; 0 where XSA is off)
+            row["xsa/alpha"] = alphas.mean().item()
+            row.update({f"xsa/alpha/L{layer}": heads.mean().item() for layer, heads in enumerate(alphas)})
+        return row
 
     def headline(self, key: str) -> bool:
         return "/L" not in key

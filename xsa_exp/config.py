@@ -20,6 +20,14 @@ class ConfigError(ValueError):
     pass
 
 
+def xsa_arm_name(alpha, learnable) -> str:
+    """The arm in a run directory's name: a1.0 for a fixed alpha, learnable_from_a0.5 for a learnable one."""
+    return f"learnable_from_a{alpha}" if learnable else f"a{alpha}"
+
+
+OmegaConf.register_new_resolver("xsa_arm", xsa_arm_name, replace=True)
+
+
 def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
     value = cfg
     for part in key.split("."):
@@ -69,8 +77,17 @@ def validate(cfg: DictConfig) -> None:
     if isinstance(x.alpha, bool) or not isinstance(x.alpha, (int, float)) or not 0.0 <= x.alpha <= 1.0:
         raise ConfigError(f"xsa.alpha={x.alpha!r} is outside [0, 1]; use 0 (standard attention) to 1 (full XSA)")
     _choice(cfg, "xsa.value_source", ("mixed", "plain"))
+    _choice(cfg, "xsa.parametrization", ("sigmoid", "tanh"))
     if not isinstance(x.learnable, bool):
         raise ConfigError(f"xsa.learnable={x.learnable!r} must be true or false")
+    if x.learnable and x.parametrization == "sigmoid" and not 0.0 < x.alpha < 1.0:
+        raise ConfigError(f"xsa.alpha={x.alpha} is the initial alpha of a learnable run, and sigmoid(theta) reaches 0 and 1 "
+                          "only at infinite theta; use a value inside (0, 1), e.g. xsa.alpha=0.5 (or xsa=learnable)")
+    if x.learnable and x.parametrization == "tanh" and not x.alpha < 1.0:
+        raise ConfigError(f"xsa.alpha={x.alpha} is the initial alpha of a learnable run, and tanh(theta) reaches 1 only at "
+                          "infinite theta; use a value in [0, 1), e.g. xsa.alpha=0.5")
+    if isinstance(x.eps, bool) or not isinstance(x.eps, (int, float)) or not x.eps > 0:
+        raise ConfigError(f"xsa.eps={x.eps!r} must be > 0: it is the floor on |v_i|^2 that keeps v_i = 0 finite")
     ve_layers = value_embedding_layers(m.n_layer, m.value_embeds)
     layers = x.layers if isinstance(x.layers, (str, int)) else list(x.layers)
     try:
@@ -88,8 +105,12 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("optim.schedule.warmup_frac + warmdown_frac exceeds 1; shorten one of them")
     for key in ("total_batch_tokens", "device_batch_size"):
         _positive_int(cfg.train[key], f"train.{key}")
-    for key in ("val_tokens", "diag_rows", "core_max_per_task"):
+    if cfg.eval.val_tokens is not None:
+        _positive_int(cfg.eval.val_tokens, "eval.val_tokens")
+    for key in ("diag_rows", "core_max_per_task"):
         _positive_int(cfg.eval[key], f"eval.{key}")
+    if isinstance(o.lr_scale, bool) or not isinstance(o.lr_scale, (int, float)) or not o.lr_scale > 0:
+        raise ConfigError(f"optim.lr_scale={o.lr_scale!r} must be > 0 (it multiplies every learning rate)")
     if cfg.eval.core_every > 0:
         from xsa_exp.eval.core import resolve_bundle_dir
 

@@ -13,14 +13,14 @@ import json
 import os
 import time
 from contextlib import nullcontext
-from functools import partial
 from pathlib import Path
 
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp.checkpoints import RunError, load_run
-from xsa_exp.data.datamodule import TextDataModule
+from xsa_exp.data.datamodule import TextDataModule, describe_val_scope
 from xsa_exp.data.sources import DataError
 from xsa_exp.eval.bpb import evaluate_bpb
 from xsa_exp.eval.chat import evaluate_chat
@@ -51,10 +51,11 @@ def evaluate(cfg: DictConfig) -> Path:
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
     model = run.model.to(device)
-    # The autocast training used on this device (bf16-mixed on CUDA), so bpb matches the training log.
-    autocast = partial(torch.autocast, "cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext
+    precision = options.precision or trained_precision(run)
+    autocast = forward_context(precision, device)
     out_dir = new_directory(run.run_dir / "eval" / f"{run.checkpoint.stem}-step{run.step}-{time.strftime('%Y%m%d-%H%M%S')}")
-    summary: dict = {"run": str(run.run_dir), "checkpoint": str(run.checkpoint), "step": run.step, "metrics": {}}
+    summary: dict = {"run": str(run.run_dir), "checkpoint": str(run.checkpoint), "step": run.step, "precision": precision,
+                     "metrics": {}}
     c = run.config
 
     data = None
@@ -63,9 +64,9 @@ def evaluate(cfg: DictConfig) -> Path:
                               c.cache_dir, tokenizer_dir=run.run_dir / "tokenizer")
         data.setup("validate")
     if "bpb" in metrics:
-        val_tokens = options.val_tokens or c.eval.val_tokens
+        val_tokens = options.val_tokens or c.eval.get("val_tokens")
         summary["metrics"]["val/bpb"] = evaluate_bpb(model, data.val_batches(val_tokens), data.token_bytes, autocast)
-        summary["val_tokens"] = val_tokens
+        summary["val_scope"] = data.val_scope(val_tokens)
     if "core" in metrics:
         try:
             result = evaluate_core(model, run.tokenizer, bundle, c.model.sequence_len, options.core_max_per_task,
@@ -92,6 +93,21 @@ def evaluate(cfg: DictConfig) -> Path:
     if cfg.wandb:
         log_to_wandb(c, run, summary)
     return out_dir
+
+
+def trained_precision(run) -> str:
+    """The precision the run trained with (run.json), so evaluation reproduces its logged numbers."""
+    run_file = run.run_dir / "run.json"
+    return json.loads(run_file.read_text())["precision"] if run_file.is_file() else "32-true"
+
+
+def forward_context(precision: str, device: torch.device):
+    """The forward context Lightning's Trainer uses for this precision (autocast for the mixed ones)."""
+    if precision in ("bf16-mixed", "16-mixed"):
+        return MixedPrecision(precision, device.type).forward_context
+    if precision in ("32-true", "32", "64-true"):
+        return nullcontext
+    raise EvaluationError(f"eval.precision={precision} is not supported for evaluation; use 32-true, bf16-mixed or 16-mixed")
 
 
 def chatcore(run, cfg: DictConfig, bundle: Path, out_dir: Path) -> dict[str, float]:
@@ -147,9 +163,10 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def print_table(summary: dict, out_dir: Path) -> None:
-    print(f"\n{summary['run']}  (step {summary['step']})")
+    print(f"\n{summary['run']}  (step {summary['step']}, {summary['precision']})")
     for name, value in summary["metrics"].items():
-        print(f"  {name:<28}{value:>10.4f}")
+        scope = describe_val_scope(summary["val_scope"]) if name == "val/bpb" else ""
+        print(f"  {name:<28}{value:>10.4f}" + (f"  ({scope})" if scope else ""))
     print(f"results: {out_dir}")
 
 

@@ -41,18 +41,40 @@ def resolve_max_steps(train_cfg: DictConfig, model: GPT, datamodule: TextDataMod
     return max(1, round(train_cfg.param_data_ratio * scaling_params / train_cfg.total_batch_tokens))
 
 
-def resolve_precision(trainer_cfg: DictConfig) -> str:
+# Narrowest model width at which bf16-mixed beats fp32 on a CPU with native bf16 matmul, at no measured
+# bpb cost (BENCHMARKS.md, "Precision on CPU"): below it the step is dominated by small-op overhead and the
+# casts cost more than the faster matmuls save.
+CPU_BF16_MIN_WIDTH = 256
+
+
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX-BF16 in the CPU flags (Linux); elsewhere bf16 matmul is emulated and slower than fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def resolve_precision(trainer_cfg: DictConfig, n_embd: int) -> tuple[str, str]:
+    """The Lightning precision for trainer.precision, and why it was chosen."""
     if trainer_cfg.precision != "auto":
-        return str(trainer_cfg.precision)
-    on_cuda = torch.cuda.is_available() and trainer_cfg.accelerator in ("auto", "gpu", "cuda")
-    return "bf16-mixed" if on_cuda else "32-true"
+        return str(trainer_cfg.precision), "trainer.precision"
+    if torch.cuda.is_available() and trainer_cfg.accelerator in ("auto", "gpu", "cuda"):
+        return "bf16-mixed", "auto: CUDA"
+    if not cpu_has_native_bf16():
+        return "32-true", "auto: this CPU has no native bf16 matmul"
+    if n_embd < CPU_BF16_MIN_WIDTH:
+        return "32-true", f"auto: CPU with native bf16, but model.n_embd={n_embd} < {CPU_BF16_MIN_WIDTH}, where fp32 is faster"
+    return "bf16-mixed", f"auto: CPU with native bf16 matmul and model.n_embd={n_embd} >= {CPU_BF16_MIN_WIDTH}"
 
 
 def run_summary(cfg: DictConfig) -> dict:
     """The arm of a run in a few top-level keys, for grouping and filtering in wandb and the report."""
     layers = cfg.xsa.layers if isinstance(cfg.xsa.layers, (str, int)) else list(cfg.xsa.layers)
     return {"stage": cfg.stage_name, "depth": cfg.depth_name, "alpha": cfg.xsa.alpha, "learnable": cfg.xsa.learnable,
-            "layers": layers, "value_source": cfg.xsa.value_source, "optim": cfg.optim.matrix_algorithm, "seed": cfg.seed}
+            "layers": layers, "value_source": cfg.xsa.value_source, "optim": cfg.optim.matrix_algorithm,
+            "lr_scale": cfg.optim.lr_scale, "seed": cfg.seed}
 
 
 def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict) -> list:
@@ -72,7 +94,7 @@ def print_start(model: GPT, cfg: DictConfig, run: dict) -> None:
     lines = ["parameters:"] + [f"  {name:<28}{count:>14,}" for name, count in model.param_counts().items()]
     layers = model.config.xsa_layers
     if model.config.xsa_learnable:
-        arm = f"learnable alpha = tanh(theta), theta_0 = {model.config.xsa_theta_init}"
+        arm = f"learnable alpha = {model.config.xsa_parametrization}(theta), starting at {model.config.xsa_alpha}"
     else:
         arm = f"alpha = {model.config.xsa_alpha}" + (" (standard attention)" if model.config.xsa_alpha == 0 else "")
     lines.append(f"xsa: {arm}; layers {cfg.xsa.layers} -> {layers if layers else 'none'} of {model.config.n_layer}; "
@@ -80,7 +102,7 @@ def print_start(model: GPT, cfg: DictConfig, run: dict) -> None:
     lines.append(f"optimizer: {'Muon for hidden matrices + AdamW' if cfg.optim.matrix_algorithm == 'muon' else 'AdamW for everything'}")
     lines.append(f"schedule: {run['max_steps']} steps x {run['tokens_per_step']:,} tokens "
                  f"({run['max_steps'] * run['tokens_per_step']:,} tokens), grad accumulation {run['grad_accumulation']}, "
-                 f"precision {run['precision']}")
+                 f"precision {run['precision']} ({run['precision_reason']})")
     lines.append(f"run directory: {run['run_dir']}")
     rank_zero_info("\n".join(lines))
 
@@ -109,8 +131,9 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
                                 cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / "tokenizer")
     max_steps = resolve_max_steps(cfg.train, model, datamodule)
     summary = run_summary(cfg)
+    precision, precision_reason = resolve_precision(cfg.trainer, cfg.model.n_embd)
     run = {"run_dir": str(run_dir), "max_steps": max_steps, "tokens_per_step": cfg.train.total_batch_tokens,
-           "grad_accumulation": grad_accumulation(cfg), "precision": resolve_precision(cfg.trainer),
+           "grad_accumulation": grad_accumulation(cfg), "precision": precision, "precision_reason": precision_reason,
            "xsa_layers": model.config.xsa_layers, "param_counts": model.param_counts(), **summary}
     if base is not None:
         run["init_from"] = {"run": str(base.run_dir), "checkpoint": str(base.checkpoint), "step": base.step}
@@ -155,6 +178,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
         return run_dir
     trainer.save_checkpoint(run_dir / "checkpoints" / "final.ckpt")
     save_tokenizer(run_dir, datamodule)
+    if cfg.eval.every > 0:
+        update_run_file(run_dir, val_scope=datamodule.val_scope(cfg.eval.val_tokens))
     save_status(run_dir, "completed", trainer.global_step)
     rank_zero_info(f"done: metrics {run_dir / 'metrics.csv'}, checkpoint {run_dir / 'checkpoints' / 'final.ckpt'}")
     return run_dir
@@ -263,6 +288,13 @@ def save_run_files(run_dir: Path, cfg: DictConfig, run: dict) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (run_dir / "run.json").write_text(json.dumps(run, indent=1))
+
+
+@rank_zero_only
+def update_run_file(run_dir: Path, **entries) -> None:
+    """Add what is known only after training (e.g. how much of the validation split val/bpb covers) to run.json."""
+    path = run_dir / "run.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **entries}, indent=1))
 
 
 @rank_zero_only

@@ -158,25 +158,46 @@ class TextDataModule(L.LightningDataModule):
     def load_state_dict(self, state: dict) -> None:
         self.rows_consumed = state["rows_consumed"]
 
-    def validation_rows(self, n_rows: int) -> torch.Tensor:
-        """The first n_rows validation rows (all if the split has fewer), int32 (n, sequence_len + 1)."""
-        if len(self.val_rows) < n_rows and not self.val_complete:
+    def validation_rows(self, n_rows: int | None) -> torch.Tensor:
+        """The first n_rows validation rows (all if None or the split has fewer), int32 (n, sequence_len + 1)."""
+        if (n_rows is None or len(self.val_rows) < n_rows) and not self.val_complete:
             files = read_documents(self.corpus, self.corpus.val_files)
             rows = list(islice(packed_rows(self.tokenizer, files, self.sequence_len + 1), n_rows))
             if not rows:
                 raise DataError(f"the validation files of data={self.corpus.name} ({', '.join(self.corpus.val_files)}) hold "
                                 f"fewer than sequence_len + 1 = {self.sequence_len + 1} tokens; use a larger validation split")
-            self.val_rows, self.val_complete = torch.stack(rows), len(rows) < n_rows
+            self.val_rows, self.val_complete = torch.stack(rows), n_rows is None or len(rows) < n_rows
         return self.val_rows[:n_rows]
 
     def diagnostics_inputs(self, n_rows: int) -> torch.Tensor:
         """Inputs (B, T) of the first n_rows validation rows: the fixed batch of the attention diagnostics."""
         return inputs_and_targets(self.validation_rows(n_rows).long())[0]
 
-    def val_batches(self, max_tokens: int, rank: int = 0, world_size: int = 1) -> list[torch.Tensor]:
-        """The first ceil(max_tokens / sequence_len) validation rows (all if fewer), this rank's share, batched."""
-        rows = self.validation_rows(math.ceil(max_tokens / self.sequence_len))[rank::world_size].long()
+    def val_batches(self, max_tokens: int | None, rank: int = 0, world_size: int = 1) -> list[torch.Tensor]:
+        """The first ceil(max_tokens / sequence_len) validation rows (every row if max_tokens is None or exceeds the
+        split), this rank's share, batched."""
+        rows = self.validation_rows(self._val_row_count(max_tokens))[rank::world_size].long()
         return list(rows.split(self.device_batch_size))
+
+    def _val_row_count(self, max_tokens: int | None) -> int | None:
+        return None if max_tokens is None else math.ceil(max_tokens / self.sequence_len)
+
+    def val_scope(self, max_tokens: int | None) -> dict:
+        """How much of the validation split val_batches(max_tokens) covers, in scored tokens (rows x sequence_len):
+        {"tokens": N, "split_tokens": M (None where a streamed split was not read to its end), "whole": bool}."""
+        n_rows = len(self.validation_rows(self._val_row_count(max_tokens)))
+        whole = self.val_complete and n_rows == len(self.val_rows)
+        split = len(self.val_rows) * self.sequence_len if self.val_complete else None
+        return {"tokens": n_rows * self.sequence_len, "split_tokens": split, "whole": whole}
+
+
+def describe_val_scope(scope: dict) -> str:
+    """'' for the whole split, else 'over N of M tokens' (or 'over the first N tokens' of a split not read to its end)."""
+    if scope["whole"]:
+        return ""
+    if scope["split_tokens"] is None:
+        return f"over the first {scope['tokens']:,} tokens of the validation split"
+    return f"over {scope['tokens']:,} of {scope['split_tokens']:,} tokens"
 
 
 def unigram_bits_per_byte(train_tokens: torch.Tensor, val_tokens: torch.Tensor, token_bytes: torch.Tensor) -> float:

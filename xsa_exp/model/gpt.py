@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from xsa_exp.model.xsa import exclusive_self_attention, resolve_layers
+from xsa_exp.model.xsa import exclusive_self_attention, initial_theta, learnable_alpha, resolve_layers
 
 
 def value_embedding_layers(n_layer: int, enabled: bool = True) -> list[int]:
@@ -42,9 +42,9 @@ class GPTConfig:
     tie_embeddings: bool = False
     # XSA: the layers it runs in (resolved indices), its strength and where v comes from.
     xsa_layers: list[int] = field(default_factory=list)
-    xsa_alpha: float = 1.0
+    xsa_alpha: float = 1.0  # the fixed alpha, or the initial one of a learnable run
     xsa_learnable: bool = False
-    xsa_theta_init: float = 0.0
+    xsa_parametrization: str = "sigmoid"  # learnable alpha = sigmoid(theta) in (0, 1) | tanh(theta) in (-1, 1)
     xsa_value_source: str = "mixed"  # mixed: v after value-embedding mixing | plain: before
     xsa_eps: float = 1e-6
 
@@ -62,7 +62,7 @@ class GPTConfig:
         config = cls(**dict(model_cfg))
         config.xsa_alpha = float(xsa_cfg.alpha)
         config.xsa_learnable = bool(xsa_cfg.learnable)
-        config.xsa_theta_init = float(xsa_cfg.theta_init)
+        config.xsa_parametrization = str(xsa_cfg.parametrization)
         config.xsa_value_source = str(xsa_cfg.value_source)
         config.xsa_eps = float(xsa_cfg.eps)
         layers = xsa_cfg.layers
@@ -143,9 +143,11 @@ class CausalSelfAttention(nn.Module):
         self.xsa_alpha = config.xsa_alpha
         self.xsa_eps = config.xsa_eps
         self.xsa_value_source = config.xsa_value_source
+        self.xsa_parametrization = config.xsa_parametrization
         self.xsa_theta = None
         if self.xsa_on and config.xsa_learnable:
-            self.xsa_theta = nn.Parameter(torch.full((config.n_head,), float(config.xsa_theta_init)))
+            theta = initial_theta(config.xsa_alpha, config.xsa_parametrization)
+            self.xsa_theta = nn.Parameter(torch.full((config.n_head,), theta))
         # Set by the attention diagnostics pass only (xsa_exp.eval.diagnostics); None in training.
         self.probe = None
 
@@ -153,7 +155,14 @@ class CausalSelfAttention(nn.Module):
         """The XSA strength: a float, or one learnable value per head shaped (1, H, 1, 1)."""
         if self.xsa_theta is None:
             return self.xsa_alpha
-        return torch.tanh(self.xsa_theta).view(1, -1, 1, 1)
+        return learnable_alpha(self.xsa_theta, self.xsa_parametrization).view(1, -1, 1, 1)
+
+    @torch.no_grad()
+    def head_alphas(self) -> torch.Tensor:
+        """The alpha each head applies now, (H,) fp32 on CPU: 0 where XSA is off in this layer."""
+        if not self.xsa_on:
+            return torch.zeros(self.n_head)
+        return torch.as_tensor(self.alpha(), dtype=torch.float32).detach().float().cpu().reshape(-1).expand(self.n_head).clone()
 
     def forward(self, x: torch.Tensor, ve: torch.Tensor | None, cos_sin, kv_cache: KVCache | None = None) -> torch.Tensor:
         """cos_sin: rotary tables already sliced to the positions of x. With kv_cache, x holds the
@@ -278,13 +287,17 @@ class GPT(nn.Module):
             return logits
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=loss_reduction)
 
+    def xsa_alphas(self) -> torch.Tensor:
+        """The alpha of every layer and head, (n_layer, n_head): what a learnable run has learned so far."""
+        return torch.stack([block.attn.head_alphas() for block in self.blocks])
+
     def named_param_groups(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
         """Every parameter under exactly one role; the optimizer assigns lr and algorithm per role."""
         groups: dict[str, list] = {"matrix": [], "embedding": [], "value_embedding": [], "unembedding": [],
-                                   "resid_scalar": [], "x0_scalar": [], "xsa_alpha": []}
+                                   "resid_scalar": [], "x0_scalar": [], "xsa_theta": []}
         for name, p in self.named_parameters():
             if name.endswith("xsa_theta"):
-                role = "xsa_alpha"
+                role = "xsa_theta"
             elif name.startswith("blocks.") and p.ndim == 2:
                 role = "matrix"
             elif name == "wte.weight":
@@ -309,5 +322,5 @@ class GPT(nn.Module):
             "hidden matrices": counts.get("matrix", 0),
             "embeddings (wte + lm_head)": counts.get("embedding", 0) + counts.get("unembedding", 0),
             "value embeddings": counts.get("value_embedding", 0),
-            "scalars": sum(counts.get(r, 0) for r in ("resid_scalar", "x0_scalar", "xsa_alpha")),
+            "scalars": sum(counts.get(r, 0) for r in ("resid_scalar", "x0_scalar", "xsa_theta")),
         }

@@ -7,6 +7,8 @@ along the token's own value, so z_i is orthogonal to v_i.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 LAYER_SELECTIONS = "all, none, a list of layer indices, first:K, last:K, every:N, ve, non_ve"
@@ -16,13 +18,27 @@ def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor, alpha: float | to
     """Remove alpha times the projection of y onto v along the last dim.
 
     y, v: (B, H, T, D). alpha: a float, or a tensor broadcastable to (B, H, T, 1), e.g. (1, H, 1, 1).
-    The two reductions accumulate in fp32 so that alpha = 1 gives z orthogonal to v under bf16 too;
-    the clamp keeps v = 0 finite (the projection is then 0 and z = y).
+    The projection and the subtraction run in fp32 and the result is cast once: where y is nearly
+    parallel to v, z is a small difference of large terms, and bf16 rounding of either term would
+    leave a visible component along v. The clamp keeps v = 0 finite (the projection is then 0 and z = y).
     """
-    dot = (y * v).sum(dim=-1, keepdim=True, dtype=torch.float32)
-    norm_sq = (v * v).sum(dim=-1, keepdim=True, dtype=torch.float32).clamp_min(eps)
-    coef = (alpha * dot / norm_sq).to(y.dtype)
-    return y - coef * v
+    y32, v32 = y.float(), v.float()
+    dot = (y32 * v32).sum(dim=-1, keepdim=True)
+    norm_sq = (v32 * v32).sum(dim=-1, keepdim=True).clamp_min(eps)
+    return (y32 - (alpha * dot / norm_sq) * v32).to(y.dtype)
+
+
+def learnable_alpha(theta: torch.Tensor, parametrization: str) -> torch.Tensor:
+    """alpha from its trained parameter: sigmoid keeps it in (0, 1) for every theta; tanh (modded-nanogpt's
+    signed form) allows (-1, 1), where a negative alpha adds the token's own value instead of removing it."""
+    return torch.sigmoid(theta) if parametrization == "sigmoid" else torch.tanh(theta)
+
+
+def initial_theta(alpha: float, parametrization: str) -> float:
+    """The theta at which learnable_alpha starts at alpha (inside (0, 1) for sigmoid, [0, 1) for tanh)."""
+    if not (0 < alpha < 1 if parametrization == "sigmoid" else 0 <= alpha < 1):
+        raise ValueError(f"initial alpha {alpha} is out of reach of {parametrization}(theta); use a value inside (0, 1)")
+    return math.log(alpha / (1 - alpha)) if parametrization == "sigmoid" else math.atanh(alpha)
 
 
 def resolve_layers(spec, n_layer: int, ve_layers: list[int]) -> list[int]:

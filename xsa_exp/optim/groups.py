@@ -14,7 +14,7 @@ def build_param_groups(model, optim_cfg) -> list[dict]:
     groups = []
     for role, named in model.named_param_groups().items():
         params = [p for _, p in named]
-        lr = float(optim_cfg.lr[role])
+        lr = float(optim_cfg.lr[role]) * optim_cfg.lr_scale
         if role == "matrix" and optim_cfg.matrix_algorithm == "muon":
             muon = optim_cfg.muon
             groups.append(dict(role=role, algorithm="muon", params=params, lr=lr, momentum=float(muon.momentum),
