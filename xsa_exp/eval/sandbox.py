@@ -1,42 +1,55 @@
 """Run untrusted, model-generated Python (HumanEval candidates plus the task's tests) for chat evaluation.
 
-This is containment for evaluation: it stops the accidents and naive misbehaviour that generated code
-shows (endless loops, memory blow-ups, stray writes and deletes, subprocesses, network calls). It is
-not a security boundary against a determined attacker; code written to escape can (see Limits).
+Three isolation modes (MODES), strongest first; run_program uses the first that works on the machine
+(isolation_mode(), found once by running a small program in each) unless told one:
+  - "bubblewrap" (``bwrap`` on PATH) and "namespaces" (the same set up directly, through libc, in the
+    child before exec): the program runs in its own user, mount, pid, network and IPC namespaces, as an
+    unprivileged uid with no capabilities and no_new_privs. The filesystem is a boundary there: the
+    root is mounted read-only (and nosuid); /tmp, /var/tmp, /dev/shm, the temporary directory, the
+    user's home (by $HOME and by the password database), the project's runs/ and the data cache
+    ($XSA_EXP_CACHE, else ~/.cache/xsa-exp) are covered by empty read-only tmpfs, with only the
+    interpreter's prefix bound back read-only where it lies inside them (pyenv, conda, a venv under the
+    home); the work directory, at its usual path, is a fresh 64 MiB tmpfs holding the program, the one
+    writable place. /proc is the pid namespace's own, so other processes (their environment, their
+    root) are out of sight and out of reach of signals, and when the program ends every process it
+    started ends with it. The network namespace has only a loopback that is down.
+  - "guard only", the fallback where neither works (bwrap absent, user namespaces refused): the
+    program shares the host's namespaces and is held by the layers below alone; isolation_mode() says
+    so once on stderr, and ChatCORE records the mode in chatcore.json and summary.json ("sandbox").
 
-Layers, outermost first:
+Layers in every mode (depth behind the namespaces; the only protection in "guard only"):
   1. Process: the program runs as ``sys.executable -I -B`` (isolated mode: no PYTHON* variables, no
      user site, no script dir on sys.path; no .pyc writes) in a fresh throw-away directory that is
      deleted afterwards whatever happens, with stdin from /dev/null, a minimal environment (no
      inherited secrets such as WANDB_API_KEY or HF_TOKEN; HOME and TMPDIR point at the work
-     directory) and stdout/stderr sent to files of which only a tail is read back.
-  2. Resource limits, set in the child before exec: address space (``memory_mb``), CPU seconds
-     (about ``timeout_s``, a backstop for the wall clock), 16 MiB per written file (which also bounds
-     the captured output), no core dumps. The child leads its own process group, which is killed
-     with SIGKILL at the wall-clock timeout, and in any case when the run ends (stray children).
-  3. Network: where the kernel allows it, the child enters a new user and network namespace, whose
-     only interface is a loopback that is down, so every connection fails. Only then is RLIMIT_NPROC
-     set too, as it then counts the tasks inside that namespace alone (outside one it would count all
-     of the user's processes; for root the kernel ignores it). Where unshare is refused (EPERM in
-     some containers) the run goes on silently with layer 4 alone.
-  4. Guard: before the program runs, an audit hook (``sys.addaudithook``; Python code cannot remove
+     directory) and stdout/stderr sent to files outside it of which only a tail is read back.
+  2. Resource limits, set before exec: address space (``memory_mb``), CPU seconds (about
+     ``timeout_s``, a backstop for the wall clock), 16 MiB per written file (which also bounds the
+     captured output), no core dumps; inside namespaces also RLIMIT_NPROC (64), which outside one would
+     count all of the user's processes (for root the kernel ignores it). The child leads its own
+     process group, which is killed with SIGKILL at the wall-clock timeout, and in any case when the
+     run ends (stray children).
+  3. Guard: before the program runs, an audit hook (``sys.addaudithook``; Python code cannot remove
      one) ends the process at once, with a marker on stderr and a dedicated exit status, on: writes,
      creates, deletes, renames, mode/owner changes outside the work directory; links and symlinks;
      any process creation (fork, exec, spawn, system, subprocess, and ``_posixsubprocess.fork_exec``,
      which has no audit event of its own and is replaced); os.kill and os.killpg; changing
-     resource limits; sockets; ctypes (its memory access could undo the hook). Reading is allowed
-     (imports need it). It exits rather than raising PermissionError so that a bare ``except`` in
-     the program cannot swallow the violation. The program itself is compiled from a file in the
+     resource limits; sockets; ctypes and cffi (their memory access could undo the hook). Reading is
+     allowed (imports need it). It exits rather than raising PermissionError so that a bare ``except``
+     in the program cannot swallow the violation. The program itself is compiled from a file in the
      work directory and run as ``__main__``, so tracebacks show its file and line numbers.
+
+Measured by the red-team corpus (tests/test_sandbox_redteam.py: 34 escape techniques, each checked by
+its effect on the real filesystem and processes): the namespace modes contain all 34; the guard alone
+contains 15. It is ordinary Python, so a program can defeat it (swap the hook's code through the
+garbage collector, monkeypatch the os.path helpers it calls) and then write, delete, rename, link,
+spawn processes that outlive the run, connect to local ports; calls without audit events
+(``os.mkfifo``, ``signal.pidfd_send_signal``) pass it, reading is allowed (the home, other processes'
+environment through /proc), and only single files are size-limited. Programs that import ctypes
+indirectly (numpy does) count as "blocked" in every mode.
 
 Status: exit 0 within the limits -> "passed"; wall clock or CPU limit -> "timeout"; MemoryError (or a
 SIGKILL we did not send) -> "memory"; a guard violation -> "blocked"; anything else -> "failed".
-
-Limits: the guard is ordinary Python, so a program can defeat it, e.g. by monkeypatching the os.path
-helpers the hook calls, by loading a fresh copy of an extension module, or through calls that raise
-no audit event (``os.mkfifo``, ``signal.pidfd_send_signal``); the filesystem is not otherwise
-protected, and programs that import ctypes indirectly (numpy does) count as "blocked". Run
-adversarial code in a VM or a locked-down container.
 """
 
 from __future__ import annotations
@@ -250,9 +263,12 @@ def _check(result: int, what: str) -> None:
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
+def _c_string(text: str | None) -> bytes | None:
+    return None if text is None else os.fsencode(text)
+
+
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, options: str | None = None) -> None:
-    encode = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
-    _check(_LIBC.mount(encode(source), encode(target), encode(fstype), flags, encode(options)), f"mount {target}")
+    _check(_LIBC.mount(_c_string(source), _c_string(target), _c_string(fstype), flags, _c_string(options)), f"mount {target}")
 
 
 def _make_tree_read_only(path: str) -> None:
