@@ -136,6 +136,7 @@ def test_missing_task_data_is_named_not_fatal(tokenizer, tmp_path, monkeypatch):
     assert result.tasks["arc_easy"].accuracy == 0.25 and result.tasks["arc_easy"].centered == 0.0
     assert "HF_HUB_OFFLINE" in result.missing["mmlu"] and "missing" in result.missing["gsm8k"]
     assert [e["prediction"] for e in result.examples] == ["C"] * 8
+    assert result.sandbox is None  # no HumanEval, so no sandbox was used
     # MMLU from local files through the same loader
     mmlu.data_files = str(FIXTURES / "mmlu_test.jsonl")
     result = evaluate_chat(ScriptedModel(lambda position: letter_c), tokenizer, bundle, mmlu)

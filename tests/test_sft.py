@@ -18,6 +18,7 @@ from xsa_exp.data.sft import conversation_rows, gsm8k_conversation, load_convers
 from xsa_exp.data.sources import DataError
 from xsa_exp.data.tokenizer import Tokenizer
 from xsa_exp.eval.chat import BASELINES
+from xsa_exp.eval.sandbox import isolation_mode
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.training import load_base_run, train
 
@@ -176,6 +177,10 @@ def test_smoke_pipeline_base_then_sft_then_chatcore(base_run, tmp_path):
     examples = [json.loads(line) for line in (summary_path.parent / "chatcore_examples.jsonl").read_text().splitlines()]
     assert [e["task"] for e in examples] == [t for t in BASELINES for _ in range(2)]
     assert all("reply" in e for e in examples if e["task"] in ("gsm8k", "humaneval"))
+    # the sandbox mode HumanEval ran in is recorded and printed
+    assert json.loads(summary_path.read_text())["sandbox"] == isolation_mode()
+    assert json.loads((summary_path.parent / "chatcore.json").read_text())["sandbox"] == isolation_mode()
+    assert f"sandbox: {isolation_mode()}" in done.stdout
     # without MMLU data (the hub is offline) the score says it covers four tasks
     subprocess.run([sys.executable, "evaluate.py", *common, "eval.metrics=[chatcore]"], cwd=REPO, env=env, check=True, capture_output=True)
     newest = max((sft / "eval").glob("*/summary.json"), key=lambda p: p.stat().st_mtime_ns)

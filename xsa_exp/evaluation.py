@@ -3,7 +3,8 @@
 Results go to <run>/eval/<checkpoint>-step<N>-<time>/, a new folder each time, so nothing that was
 there is touched: summary.json (every headline number), core_tasks.csv, core_examples.jsonl (one
 line per example, for paired comparisons between arms), diagnostics.csv (layer, head, metrics),
-chatcore_tasks.csv and chatcore_examples.jsonl (with each generated answer).
+chatcore_tasks.csv and chatcore_examples.jsonl (with each generated answer), chatcore.json (with the
+sandbox mode HumanEval ran in, also in summary.json as "sandbox").
 """
 
 from __future__ import annotations
@@ -87,7 +88,10 @@ def evaluate(cfg: DictConfig) -> Path:
                                                 for layer in range(n_layer) for head in range(n_head)])
         summary["metrics"].update({f"diag/{m}": diag[m].mean().item() for m in DIAGNOSTICS})
     if "chatcore" in metrics:
-        summary["metrics"].update(chatcore(run, options.chatcore, bundle, out_dir))
+        chat_metrics, sandbox = chatcore(run, options.chatcore, bundle, out_dir)
+        summary["metrics"].update(chat_metrics)
+        if sandbox:
+            summary["sandbox"] = sandbox
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print_table(summary, out_dir)
     if cfg.wandb:
@@ -110,8 +114,9 @@ def forward_context(precision: str, device: torch.device):
     raise EvaluationError(f"eval.precision={precision} is not supported for evaluation; use 32-true, bf16-mixed or 16-mixed")
 
 
-def chatcore(run, cfg: DictConfig, bundle: Path, out_dir: Path) -> dict[str, float]:
-    """ChatCORE (or "ChatCORE k/5") and per-task accuracies; tasks without data are named, not fatal."""
+def chatcore(run, cfg: DictConfig, bundle: Path, out_dir: Path) -> tuple[dict[str, float], str | None]:
+    """ChatCORE (or "ChatCORE k/5") and per-task accuracies, and the sandbox mode HumanEval ran in (None
+    without HumanEval); tasks without data are named, not fatal."""
     c = run.config
     if c.get("stage_name", "base") != "sft":
         print(f"note: {run.run_dir} is a {c.get('stage_name', 'base')} run; ChatCORE measures a chat (stage=sft) model")
@@ -125,6 +130,8 @@ def chatcore(run, cfg: DictConfig, bundle: Path, out_dir: Path) -> dict[str, flo
         raise EvaluationError(str(e)) from None
     for task, reason in result.missing.items():
         print(f"  ChatCORE {task:<14} not evaluated: {reason}")
+    if result.sandbox:
+        print(f"  ChatCORE humaneval sandbox: {result.sandbox}")
     if not result.tasks:
         raise EvaluationError(f"ChatCORE has no task data: {'; '.join(result.missing.values())}; set eval.bundle_dir "
                               "(ARC, GSM8K, HumanEval) and eval.chatcore.mmlu.data_files, or drop chatcore from eval.metrics")
@@ -132,8 +139,8 @@ def chatcore(run, cfg: DictConfig, bundle: Path, out_dir: Path) -> dict[str, flo
     write_jsonl(out_dir / "chatcore_examples.jsonl", result.examples)
     (out_dir / "chatcore.json").write_text(json.dumps(
         {"name": result.name, "n_tasks": len(result.tasks), "missing": result.missing, "tool_use": tool_use,
-         "max_per_task": cfg.max_per_task, "bundle": str(bundle)}, indent=1))
-    return {result.name: result.score, **{f"chat/{t.task}": t.accuracy for t in result.tasks.values()}}
+         "max_per_task": cfg.max_per_task, "bundle": str(bundle), "sandbox": result.sandbox}, indent=1))
+    return {result.name: result.score, **{f"chat/{t.task}": t.accuracy for t in result.tasks.values()}}, result.sandbox
 
 
 def new_directory(path: Path) -> Path:

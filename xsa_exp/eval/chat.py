@@ -7,8 +7,8 @@
   generate.py); the number the answer marks with "#### " (the format the SFT data teaches; nanochat's
   rule) must equal the reference.
 - HumanEval (generative): the code of the answer (its first ```python block, else all of it) with the
-  prompt's imports, the task's tests and check(entry_point) runs in the sandbox (sandbox.py); it
-  passes when the tests do. An answer that does not define the entry point is read as the function's
+  prompt's imports, the task's tests and check(entry_point) runs in the sandbox (sandbox.py), in the
+  strongest isolation mode the machine allows (recorded as ``sandbox``); it passes when the tests do. An answer that does not define the entry point is read as the function's
   body and appended to the prompt.
 
 ChatCORE = mean over tasks of the centered accuracy (acc - b) / (1 - b), b = 0.25 for the
@@ -37,7 +37,7 @@ from xsa_exp.data.sft import LETTERS, load_rows, multiple_choice_prompt
 from xsa_exp.data.sources import DataError
 from xsa_exp.data.tokenizer import Tokenizer
 from xsa_exp.eval.core import SHUFFLE_SEED, check_example, check_fields, read_examples
-from xsa_exp.eval.sandbox import run_program
+from xsa_exp.eval.sandbox import isolation_mode, run_program
 from xsa_exp.generate import generate_batch
 
 TASKS = ("arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval")
@@ -69,6 +69,7 @@ class ChatCoreResult:
     tasks: dict[str, ChatTaskResult]
     missing: dict[str, str]  # task -> why it was not evaluated
     examples: list[dict] = field(default_factory=list)
+    sandbox: str | None = None  # the isolation mode HumanEval's programs ran in (sandbox.MODES); None: not run
 
     @property
     def name(self) -> str:
@@ -230,8 +231,9 @@ def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, mmlu_source, ma
                                 "correct": same_number(predicted, example["answer"]), "index": index, "reply": reply})
         else:
             replies = answer_texts(model, tokenizer, [e["prompt"] for _, e in examples], max_new_tokens, tool_use, batch_size)
+            result.sandbox = isolation_mode()
             for (index, example), reply in zip(examples, replies):
-                outcome = run_program(humaneval_program(example, reply), timeout_s, memory_mb)
+                outcome = run_program(humaneval_program(example, reply), timeout_s, memory_mb, result.sandbox)
                 records.append({"prediction": outcome.status, "answer": "passed", "correct": outcome.passed,
                                 "index": index, "reply": reply, "detail": outcome.detail})
         correct = sum(r["correct"] for r in records)
