@@ -1,17 +1,23 @@
-"""Time `python train.py` (the README's main command) for both arms and report their final val bpb.
+"""Time `python train.py` (the README's main command) by shape, precision and compilation.
 
-    python bench/default_run.py [--arms xsa baseline] [extra overrides...]
+    python bench/default_run.py [--shapes tiny w256 w768] [--precisions 32-true bf16-mixed]
+                                [--compile eager compiled] [--seeds 1 2 3] [--arms xsa] [--set key=value ...]
 
-Runs each arm in a fresh run directory under a temporary folder, with the user's default config
-(wandb offline included), and prints wall time, peak RSS, final val bpb and the corpus's unigram bpb.
+Each combination runs once per seed in a fresh run directory under a temporary folder, one run at a
+time, as a user runs it (default config, wandb offline included; `--arms xsa baseline` adds the α = 0
+arm). Printed per combination: wall time of the whole command (median over seeds; start-up, tokenizer
+cache, evaluations and checkpoint included), median tokens/s over the updates after the first 10
+(pooled over seeds), peak RSS (the largest of the runs) and the final val bpb over the whole
+validation split (mean and the spread min-max over seeds). `--set` overrides go to every run, e.g.
+`--set train.max_steps=40 eval.every=0 eval.diag_every=0` for a throughput-only pass.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import re
-import resource
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -20,27 +26,60 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"xsa": [], "baseline": ["xsa.alpha=0"]}
+# The default preset, and the same 4-layer stack at the widths where bf16 matmul pays (seq 256 throughout).
+SHAPES = {
+    "tiny": [],
+    "w256": ["model.n_embd=256", "model.n_head=4", "train.device_batch_size=16", "train.total_batch_tokens=4096"],
+    "w768": ["model.n_layer=2", "model.n_embd=768", "model.n_head=12", "train.device_batch_size=4",
+             "train.total_batch_tokens=1024"],
+}
+WARMUP_UPDATES = 10
+
+
+def run_once(run_dir: Path, overrides: list[str]) -> dict:
+    """Run train.py; its wall time, peak RSS (this child alone), per-update tokens/s and final val bpb."""
+    with open(run_dir.with_suffix(".log"), "w") as log:
+        start = time.perf_counter()
+        child = subprocess.Popen([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *overrides], cwd=REPO,
+                                 stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status):
+        sys.exit(f"train.py {' '.join(overrides)} failed:\n{run_dir.with_suffix('.log').read_text()[-3000:]}")
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    speed = [float(r["train/tokens_per_sec"]) for r in rows if r.get("train/tokens_per_sec") and int(r["step"]) > WARMUP_UPDATES]
+    bpb = [float(r["val/bpb"]) for r in rows if r.get("val/bpb")]
+    return {"wall": wall, "rss_mb": usage.ru_maxrss / 1024, "speed": speed, "bpb": bpb[-1] if bpb else None}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    args, overrides = parser.parse_known_args()
+    parser.add_argument("--shapes", nargs="+", default=["tiny"], choices=list(SHAPES))
+    parser.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"])
+    parser.add_argument("--compile", nargs="+", default=["eager"], choices=["eager", "compiled"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[42])
+    parser.add_argument("--arms", nargs="+", default=["xsa"], choices=list(ARMS))
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every run")
+    args = parser.parse_args()
+    print(f"{'shape':<6}{'arm':<9}{'precision':<12}{'mode':<10}{'seeds':>6}{'wall s':>8}{'tok/s':>9}{'RSS MB':>8}"
+          f"{'val bpb (min-max)':>26}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        print(f"{'arm':<10}{'wall s':>8}{'peak RSS MB':>13}{'val bpb':>9}{'unigram bpb':>13}")
-        for arm in args.arms:
-            run_dir = Path(tmp) / arm
-            start = time.perf_counter()
-            result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *ARMS[arm], *overrides],
-                                    cwd=REPO, capture_output=True, text=True)
-            wall = time.perf_counter() - start
-            if result.returncode:
-                sys.exit(f"{arm} failed:\n{result.stderr[-3000:]}")
-            rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-            with open(run_dir / "metrics.csv") as f:
-                bpb = [float(r["val/bpb"]) for r in csv.DictReader(f) if r["val/bpb"]][-1]
-            unigram = re.search(r"unigram baseline ([\d.]+) bits/byte", result.stderr + result.stdout).group(1)
-            print(f"{arm:<10}{wall:>8.1f}{rss_mb:>13.0f}{bpb:>9.4f}{unigram:>13}")
+        for shape in args.shapes:
+            for arm in args.arms:
+                for precision in args.precisions:
+                    for mode in args.compile:
+                        results = []
+                        for seed in args.seeds:
+                            overrides = [*SHAPES[shape], *ARMS[arm], f"trainer.precision={precision}",
+                                         f"train.compile={mode == 'compiled'}", f"seed={seed}", *args.set]
+                            results.append(run_once(Path(tmp) / f"{shape}-{arm}-{precision}-{mode}-{seed}", overrides))
+                        bpbs = [r["bpb"] for r in results if r["bpb"] is not None]
+                        quality = (f"{statistics.mean(bpbs):.4f} ({min(bpbs):.4f}-{max(bpbs):.4f})" if bpbs else "-")
+                        print(f"{shape:<6}{arm:<9}{precision:<12}{mode:<10}{len(results):>6}"
+                              f"{statistics.median(r['wall'] for r in results):>8.1f}"
+                              f"{statistics.median(s for r in results for s in r['speed']):>9,.0f}"
+                              f"{max(r['rss_mb'] for r in results):>8.0f}{quality:>26}", flush=True)
 
 
 if __name__ == "__main__":

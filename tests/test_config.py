@@ -104,3 +104,10 @@ def test_slurm_launcher_composes_with_one_task_per_gpu():
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert (launcher.tasks_per_node, launcher.gpus_per_node, launcher.nodes) == (8, 8, 2)
+
+
+def test_run_directory_names_say_the_arm():
+    from xsa_exp.config import xsa_arm_name
+
+    assert xsa_arm_name(1.0, False) == "a1.0" and xsa_arm_name(0.0, False) == "a0.0"
+    assert xsa_arm_name(0.5, True) == "learnable_from_a0.5"

@@ -42,6 +42,20 @@ def test_bpb_equals_the_training_log_for_the_same_checkpoint(run_dir):
     assert summary["metrics"]["val/bpb"] == pytest.approx(last_val_bpb(run_dir), rel=1e-9)
 
 
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_full_split_bpb_equals_the_training_log_in_the_run_precision(tmp_path, precision):
+    trained = train(compose_config(*SMALL, "eval.val_tokens=null", "train.max_steps=2", "eval.every=2",
+                                   f"trainer.precision={precision}"), tmp_path / "run")
+    summary = json.loads((evaluate(eval_cfg(trained, "eval.metrics=[bpb]", "eval.val_tokens=100000000")) /
+                          "summary.json").read_text())
+    assert summary["precision"] == precision and summary["val_scope"]["whole"]
+    assert summary["metrics"]["val/bpb"] == last_val_bpb(trained)  # exactly: same rows, batches and autocast
+    if precision == "bf16-mixed":  # evaluating it in fp32 is a different measurement
+        fp32 = json.loads((evaluate(eval_cfg(trained, "eval.metrics=[bpb]", "eval.precision=32-true")) /
+                           "summary.json").read_text())
+        assert fp32["precision"] == "32-true" and fp32["metrics"]["val/bpb"] != last_val_bpb(trained)
+
+
 def test_diagnostics_per_layer_and_head(run_dir):
     out = evaluate(eval_cfg(run_dir, "eval.metrics=[diagnostics]"))
     with open(out / "diagnostics.csv") as f:
@@ -102,6 +116,7 @@ def test_evaluate_py_command(run_dir, tmp_path):
                         capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "val/bpb" in ok.stdout and "results:" in ok.stdout
+    assert "(over 1,024 of " in ok.stdout  # the run's eval.val_tokens covers part of the split, and says so
     bad = subprocess.run([sys.executable, "evaluate.py", f"run={tmp_path / 'missing'}"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2

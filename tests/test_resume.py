@@ -28,22 +28,25 @@ def final_weights(run_dir):
     return torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=False)["state_dict"]
 
 
-def command(run_dir):
-    return [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "resume=auto", *ARGS]
+def command(run_dir, *extra):
+    return [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "resume=auto", *ARGS, *extra]
 
 
-def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg):
-    reference = train(small_cfg("train.max_steps=9", "train.checkpoint_every=3", "eval.every=2", "eval.diag_every=4"),
-                      tmp_path / "reference")
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg, precision):
+    reference = train(small_cfg("train.max_steps=9", "train.checkpoint_every=3", "eval.every=2", "eval.diag_every=4",
+                                f"trainer.precision={precision}"), tmp_path / "reference")
     run_dir = tmp_path / "killed"
-    process = subprocess.Popen(command(run_dir), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(command(run_dir, f"trainer.precision={precision}"), cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while not (run_dir / "checkpoints" / "step000006.ckpt").exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert not (run_dir / "checkpoints" / "final.ckpt").exists(), "the run finished before it could be killed"
-    resumed = subprocess.run(command(run_dir), cwd=REPO, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(command(run_dir, f"trainer.precision={precision}"), cwd=REPO, capture_output=True, text=True,
+                             timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr + resumed.stdout
     assert rows(run_dir) == rows(reference)  # same losses, bpb, lrs; no duplicated or missing steps
@@ -61,10 +64,14 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path, small_cf
     (run_dir / "status.json").write_text(json.dumps({"status": "failed", "step": 6, "error": "preempted"}))
     newest = run_dir / "checkpoints" / "step000006.ckpt"
     newest.write_bytes(newest.read_bytes()[:1000])
+    before = rows(run_dir)
     with pytest.warns(UserWarning, match="step000006.ckpt is unreadable"):
         train(cfg, run_dir)
     steps = [int(r["step"]) for r in rows(run_dir) if r["train/loss"]]
     assert steps == [1, 2, 3, 4, 5, 6]
+    # Resumed from step 4, not restarted: a restart sets the earlier log aside and redoes steps 1-4.
+    assert not list(run_dir.glob("metrics.unfinished-*"))
+    assert [r for r in rows(run_dir) if int(r["step"]) <= 4] == [r for r in before if int(r["step"]) <= 4]
 
 
 def test_resume_refuses_a_different_config(tmp_path, small_cfg):

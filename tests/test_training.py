@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import subprocess
 import sys
 
@@ -98,8 +99,12 @@ def test_train_py_runs_as_a_command(tmp_path):
     result = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", *SMALL, "train.max_steps=2",
                              "eval.every=1"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "val/bpb" in result.stderr + result.stdout
+    output = result.stderr + result.stdout
+    assert "val/bpb" in output
     assert [r["step"] for r in read_rows(run_dir) if r["train/loss"] or r["val/bpb"]] == ["0", "1", "1", "2", "2"]
+    split = json.loads((run_dir / "run.json").read_text())["val_scope"]["split_tokens"]
+    assert f"(over 1,024 of {split:,} tokens)" in output  # SMALL evaluates eval.val_tokens=1024 of the split
+    assert "precision 32-true (auto: " in output  # which precision auto picked, and why
 
 
 def test_xsa_op_executed_at_alpha_zero_matches_standard_attention(small_cfg, tmp_path, monkeypatch):
@@ -170,3 +175,50 @@ def test_non_finite_steps_can_be_skipped_up_to_a_limit(small_cfg, tmp_path, monk
     assert [r["step"] for r in rows] == ["1", "2", "3", "4", "5", "6"]
     assert rows[1]["train/loss"] == "nan" and rows[1]["train/loss_smooth"] == rows[0]["train/loss_smooth"]
     assert float(rows[-1]["train/skipped_steps"]) == 2 and all(r["train/loss_smooth"] != "nan" for r in rows)
+
+
+def test_bf16_mixed_on_cpu_lowers_the_loss_and_keeps_xsa_orthogonal(small_cfg, tmp_path):
+    run_dir = train(small_cfg("trainer.precision=bf16-mixed", "train.max_steps=30", "eval.every=30", "eval.diag_every=10",
+                              "optim.muon.momentum_warmup_steps=10"), tmp_path / "run")
+    assert json.loads((run_dir / "run.json").read_text())["precision"] == "bf16-mixed"
+    losses = [float(r["train/loss"]) for r in read_rows(run_dir) if r["train/loss"]]
+    assert all(map(math.isfinite, losses)) and sum(losses[-5:]) / 5 < losses[0] - 1.0
+    lines = [json.loads(line) for line in (run_dir / "diagnostics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 10, 20, 30]
+    for line in lines:  # every layer and head, at every diagnostics step
+        assert max(abs(c) for heads in line["out_self_cos"] for c in heads) <= 1e-2
+        assert max(abs(c) for heads in line["attn_self_cos"] for c in heads) > 0.05
+
+
+def test_learnable_alpha_is_logged_as_the_model_has_it(small_cfg, tmp_path):
+    from xsa_exp.checkpoints import load_run
+
+    run_dir = train(small_cfg("xsa=learnable", "optim.lr.xsa_theta=0.5", "eval.diag_every=3"), tmp_path / "run")
+    alphas = load_run(run_dir).model.xsa_alphas()
+    assert ((alphas > 0) & (alphas < 1)).all() and not torch.allclose(alphas, torch.full_like(alphas, 0.5))
+    last = json.loads((run_dir / "diagnostics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 6
+    torch.testing.assert_close(torch.tensor(last["alpha"]), alphas)
+    row = [r for r in read_rows(run_dir) if r.get("xsa/alpha/L0")][-1]
+    assert int(row["step"]) == 6
+    for layer, heads in enumerate(alphas):
+        assert float(row[f"xsa/alpha/L{layer}"]) == pytest.approx(heads.mean().item(), rel=1e-6)
+    assert float(row["xsa/alpha"]) == pytest.approx(alphas.mean().item(), rel=1e-6)
+
+
+def test_fixed_alpha_runs_log_no_learned_alpha(xsa_run):
+    assert not any(key.startswith("xsa/") for key in read_rows(xsa_run)[0])
+    last = json.loads((xsa_run / "diagnostics.jsonl").read_text().splitlines()[-1])
+    assert last["alpha"] == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def test_validation_covers_the_whole_split_unless_told_otherwise(small_cfg, tmp_path):
+    whole = train(small_cfg("eval.val_tokens=null", "train.max_steps=2", "eval.every=2"), tmp_path / "whole")
+    scope = json.loads((whole / "run.json").read_text())["val_scope"]
+    assert scope["whole"] and scope["tokens"] == scope["split_tokens"] > 1024
+    huge = train(small_cfg("eval.val_tokens=100000000", "train.max_steps=2", "eval.every=2"), tmp_path / "huge")
+    assert json.loads((huge / "run.json").read_text())["val_scope"] == scope
+    assert [r["val/bpb"] for r in read_rows(huge)] == [r["val/bpb"] for r in read_rows(whole)]
+    part = train(small_cfg("train.max_steps=2", "eval.every=2"), tmp_path / "part")  # SMALL: eval.val_tokens=1024
+    assert json.loads((part / "run.json").read_text())["val_scope"] == {
+        "tokens": 1024, "split_tokens": scope["split_tokens"], "whole": False}

@@ -118,6 +118,8 @@ def validate(cfg: DictConfig) -> None:
         if not (bundle / "core.yaml").is_file():
             raise ConfigError(f"eval.core_every={cfg.eval.core_every} needs the CORE eval bundle, not found at {bundle}; "
                               "run `python -m xsa_exp.eval.core download`, set eval.bundle_dir, or use eval.core_every=0")
+    if cfg.train.cpu_threads is not None:
+        _positive_int(cfg.train.cpu_threads, "train.cpu_threads")
     if cfg.train.max_steps is not None:
         _positive_int(cfg.train.max_steps, "train.max_steps")
     if cfg.resume not in (None, "auto"):

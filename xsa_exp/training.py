@@ -124,6 +124,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
             rank_zero_info(f"run {run_dir} is already complete; nothing to do")
             return run_dir
         resume_from = newest_valid_checkpoint(run_dir)
+    if cfg.train.cpu_threads is not None:
+        torch.set_num_threads(cfg.train.cpu_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
     base = load_base_run(cfg, model)
