@@ -74,7 +74,7 @@ def compare(runs: list[Run], baseline_alpha: float) -> list[ArmResult]:
     def order(key):
         depth, arm = key
         return (depth_size[depth], depth, arm.lr_scale, arm.alpha != baseline_alpha, arm.optim, arm.alpha is None,
-                arm.alpha or 0.0, arm.layers, arm.value_source)
+                arm.alpha or 0.0, arm.alpha_init or 0.0, arm.layers, arm.value_source)
 
     results = []
     for depth, arm in sorted(groups, key=order):

@@ -190,10 +190,8 @@ def learned_alpha_section(depth: str, results: list[ArmResult], out: Numbers) ->
             out.add(depth, r.arm.label, f"alpha/L{layer}", "final_mean", float(heads.mean()))
             for head, a in enumerate(heads):
                 out.add(depth, r.arm.label, f"alpha/L{layer}/H{head}", "final_mean", float(a))
-        init = r.runs[0].info.get("alpha")
-        parts += [f"Final learned α of `{r.arm.label}` (mean over {len(alphas)} seeds; "
-                  f"initial α {init:g}; 0 in layers without XSA):" if isinstance(init, (int, float)) else
-                  f"Final learned α of `{r.arm.label}` (mean over {len(alphas)} seeds):", "",
+        parts += [f"Final learned α of `{r.arm.label}`: the last diagnostics step's α per layer and head, mean "
+                  f"over {len(alphas)} seeds (0 in layers without XSA):", "",
                   md_table(["layer", *(f"head {h}" for h in range(n_heads)), "mean"], table), ""]
     return ["### Learned α", "", *parts] if parts else []
 

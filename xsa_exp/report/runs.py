@@ -32,6 +32,7 @@ class Arm:
     layers: str  # "" when XSA is off
     value_source: str  # "" when XSA is off
     lr_scale: float = 1.0  # optim.lr_scale; runs before it existed trained at 1
+    alpha_init: float | None = None  # a learnable α's initial value (run.json's alpha); different inits: different arms
 
     @classmethod
     def of(cls, run: dict) -> Arm:
@@ -41,8 +42,9 @@ class Arm:
         layers = run["layers"]
         if not isinstance(layers, str):  # a list of layer indices, or one index
             layers = ",".join(map(str, layers if isinstance(layers, list) else [layers]))
-        alpha = None if run["learnable"] else float(run["alpha"])
-        return cls(run["optim"], alpha, layers, run["value_source"], lr_scale)
+        if run["learnable"]:
+            return cls(run["optim"], None, layers, run["value_source"], lr_scale, float(run["alpha"]))
+        return cls(run["optim"], float(run["alpha"]), layers, run["value_source"], lr_scale)
 
     @property
     def off(self) -> bool:
@@ -53,7 +55,7 @@ class Arm:
         """The XSA part of the label: "no XSA", "α=1 · layers=all · value=mixed", "learnable α · ..."."""
         if self.off:
             return "no XSA"
-        alpha = "learnable α" if self.alpha is None else f"α={self.alpha:g}"
+        alpha = f"learnable α (init {self.alpha_init:g})" if self.alpha is None else f"α={self.alpha:g}"
         return f"{alpha} · layers={self.layers} · value={self.value_source}"
 
     @property
@@ -67,7 +69,7 @@ class Arm:
     @property
     def xsa_key(self) -> tuple:
         """What an arm is apart from its optimizer and learning rate scale."""
-        return self.alpha, self.layers, self.value_source
+        return self.alpha, self.alpha_init, self.layers, self.value_source
 
 
 @dataclass
