@@ -20,19 +20,33 @@ N_LAYER = 2
 
 def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_bpb: float = 0.85, steps: int = 20,
              depth: str = "d12", optim: str = "muon", layers="all", learnable: bool = False, complete: bool = True,
-             evals: tuple[dict, ...] = (), tokens_per_step: int = 1000, stage: str = "base") -> Path:
+             evals: tuple[dict, ...] = (), tokens_per_step: int = 1000, stage: str = "base", lr_scale: float | None = None,
+             n_params: int = 1000, tokens_per_sec: float | None = None, losses: list[float] | None = None,
+             val_scope: dict | None = None, status: dict | None = None) -> Path:
     """A run directory as train.py (+ evaluate.py) leaves it: train rows every step, val at 0, half way and the
-    end (ending at final_bpb), a diagnostics row at the end; `evals`: kwargs of make_eval."""
+    end (ending at final_bpb), a diagnostics row at the end; `evals`: kwargs of make_eval. lr_scale None: a run
+    from before optim.lr_scale (no key); losses: train/loss per step (train/loss_smooth then follows them)."""
     run = root / name
     run.mkdir(parents=True)
     xsa_layers = [] if layers == "none" else list(range(N_LAYER))
     (run / "config.yaml").write_text(f"depth_name: {depth}\nseed: {seed}\nxsa:\n  alpha: {alpha}\n  layers: {layers}\n")
     (run / "run.json").write_text(json.dumps({
         "run_dir": str(run), "max_steps": steps, "tokens_per_step": tokens_per_step, "grad_accumulation": 1,
-        "precision": "32-true", "xsa_layers": xsa_layers, "param_counts": {"total": 1000}, "depth": depth,
+        "precision": "32-true", "xsa_layers": xsa_layers, "param_counts": {"total": n_params}, "depth": depth,
         "alpha": alpha, "learnable": learnable, "layers": layers, "value_source": "mixed", "optim": optim,
-        "seed": seed, "stage": stage}))
+        "seed": seed, "stage": stage, **({} if lr_scale is None else {"lr_scale": lr_scale}),
+        **({} if val_scope is None else {"val_scope": val_scope})}))
+    if status is not None:
+        (run / "status.json").write_text(json.dumps(status))
     rows = [{"step": s, "train/loss": 5.0 - s / steps, "train/loss_smooth": 5.1 - s / steps} for s in range(1, steps + 1)]
+    if losses is not None:
+        smooth = 5.0
+        for row, loss in zip(rows, losses):
+            smooth = 0.9 * smooth + 0.1 * loss if math.isfinite(loss) else smooth
+            row["train/loss"], row["train/loss_smooth"] = loss, smooth
+    if tokens_per_sec is not None:
+        for row in rows:
+            row["train/tokens_per_sec"] = tokens_per_sec
     rows += [{"step": s, "val/bpb": final_bpb + 0.5 * (1 - s / steps)} for s in (0, steps // 2, steps)]
     rows.append({"step": steps, **{f"diag/{m}/L{i}": 0.1 * (i + 1) + alpha for m in ("attn_self_cos", "out_self_cos",
                                                                                     "diag_attn") for i in range(N_LAYER)}})
@@ -277,11 +291,11 @@ def test_arms_baseline_and_alpha_option(tmp_path):
     make_run(study, "none", alpha=1.0, layers="none", seed=2, final_bpb=0.92)  # XSA in no layer: also baseline
     make_run(study, "a1", alpha=1.0, seed=1, final_bpb=0.80)
     make_run(study, "a05", alpha=0.5, seed=1, final_bpb=0.85)
-    make_run(study, "learn", alpha=0.0, learnable=True, seed=1, final_bpb=0.82)
+    make_run(study, "learn", alpha=0.5, learnable=True, seed=1, final_bpb=0.82)
     make_run(study, "adamw", alpha=1.0, optim="adamw", seed=1, final_bpb=0.95)  # no adamw baseline
     got = numbers(build_report([study], tmp_path / "out"))
     assert got[BASE, "val/bpb", "mean"] == pytest.approx(0.91) and got[BASE, "val/bpb", "mean_n"] == 2
-    assert got["muon · learnable α · layers=all · value=mixed", "val/bpb", "delta"] == pytest.approx(0.82 - 0.91)
+    assert got["muon · learnable α (init 0.5) · layers=all · value=mixed", "val/bpb", "delta"] == pytest.approx(0.82 - 0.91)
     assert got[XSA, "val/bpb", "paired_delta"] == pytest.approx(0.80 - 0.90)
     assert not any(arm.startswith("adamw") and stat == "delta" for arm, _, stat in got)
 

@@ -1,0 +1,260 @@
+"""The report's study features on fabricated runs with known numbers: relative change, seed bands, the
+optimizer × XSA interaction, learning-rate stability (divergence, spikes), Δ vs model size, step time,
+validation coverage, and the sweep's job enumeration."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+
+from tests.test_report import XSA, is_png, make_eval, make_run, numbers, table_row
+from xsa_exp.report import band, build_report, count_spikes, load_run, relative_change, sweep_jobs
+
+T2, T3 = 12.7062047, 4.30265273  # t quantiles 0.975 with 1 and 2 degrees of freedom (tables)
+
+
+def csv_rows(report):
+    with open(report.parent / "numbers.csv", newline="") as f:
+        return {(r["depth"], r["arm"], r["metric"], r["statistic"]): float(r["value"]) for r in csv.DictReader(f)}
+
+
+def test_relative_change_rule():
+    assert relative_change(-0.0027, 0.8484) == pytest.approx(-0.0027 / 0.8484 * 100)
+    assert relative_change(0.0006, -0.0137) is None  # negative baseline
+    assert relative_change(0.001, 0.049) is None  # near zero
+    assert relative_change(0.001, 0.05) == pytest.approx(2.0)
+    assert relative_change(0.001, math.nan) is None
+
+
+def test_relative_change_of_a_negative_core_baseline_is_na(tmp_path):
+    study = tmp_path / "study"
+    make_run(study, "base", alpha=0.0, final_bpb=0.8484, evals=({"metrics": {"CORE 18/22": -0.0137}},))
+    make_run(study, "xsa", alpha=1.0, final_bpb=0.8457, evals=({"metrics": {"CORE 18/22": -0.0131}},))
+    report = build_report([study], tmp_path / "out")
+    text = report.read_text()
+    row = table_row(text, XSA)
+    assert "| −0.0027 (−0.32%) |" in row  # val/bpb keeps its percentage
+    assert "| +0.0006 (n/a) |" in row and "4.71%" not in text
+    assert "n/a: a relative change is printed only where the baseline mean is at least 0.05" in text
+    got = numbers(report)
+    assert got[XSA, "CORE 18/22", "delta"] == pytest.approx(0.0006)
+    assert (XSA, "CORE 18/22", "delta_pct") not in got
+    assert got[XSA, "val/bpb", "delta_pct"] == pytest.approx(-0.0027 / 0.8484 * 100)
+
+
+def test_band_is_min_max_over_seeds(tmp_path):
+    runs = [load_run(make_run(tmp_path, f"s{seed}", seed=seed, final_bpb=bpb), f"s{seed}")
+            for seed, bpb in ((1, 0.80), (2, 0.86), (3, 0.83))]
+    curve = band(runs, "val/bpb").set_index("step")
+    assert list(curve.index) == [0, 10, 20]
+    last = curve.loc[20]
+    assert (last["low"], last["high"], last["n"]) == (pytest.approx(0.80), pytest.approx(0.86), 3)
+    assert last["mean"] == pytest.approx(0.83)
+    assert curve.loc[0, "low"] == pytest.approx(1.30) and curve.loc[0, "high"] == pytest.approx(1.36)
+    assert curve.loc[20, "tokens"] == 20_000
+
+
+def test_optimizer_interaction(tmp_path):
+    study = tmp_path / "study"
+    # Δ under Muon per seed: -0.010, -0.012, -0.008; under AdamW: -0.002, -0.001, -0.006.
+    finals = {("muon", 0.0): [0.850, 0.852, 0.848], ("muon", 1.0): [0.840, 0.840, 0.840],
+              ("adamw", 0.0): [0.900, 0.901, 0.906], ("adamw", 1.0): [0.898, 0.900, 0.900]}
+    for (optim, alpha), values in finals.items():
+        for seed, bpb in enumerate(values, 1):
+            make_run(study, f"{optim}-a{alpha:g}-s{seed}", optim=optim, alpha=alpha, seed=seed, final_bpb=bpb)
+    report = build_report([study], tmp_path / "out")
+    got = numbers(report)
+    arm = "optimizer × α=1 · layers=all · value=mixed"
+    inter = np.array([-0.010, -0.012, -0.008]) - np.array([-0.002, -0.001, -0.006])  # -0.008, -0.011, -0.002
+    half = T3 * inter.std(ddof=1) / math.sqrt(3)
+    assert got[arm, "val/bpb", "muon_paired_delta"] == pytest.approx(-0.010)
+    assert got[arm, "val/bpb", "adamw_paired_delta"] == pytest.approx(-0.003)
+    assert got[arm, "val/bpb", "interaction"] == pytest.approx(inter.mean())
+    assert got[arm, "val/bpb", "interaction_ci95_low"] == pytest.approx(inter.mean() - half, rel=1e-6)
+    assert got[arm, "val/bpb", "interaction_ci95_high"] == pytest.approx(inter.mean() + half, rel=1e-6)
+    assert got[arm, "val/bpb", "interaction_n"] == 3
+    text = report.read_text()
+    assert "### Optimizer × XSA" in text
+    assert "| α=1 · layers=all · value=mixed | val/bpb | −0.0100 [" in text
+
+
+def test_no_optimizer_table_with_one_optimizer(tmp_path):
+    make_run(tmp_path / "study", "base", alpha=0.0)
+    make_run(tmp_path / "study", "xsa", alpha=1.0)
+    assert "Optimizer × XSA" not in build_report([tmp_path / "study"], tmp_path / "out").read_text()
+
+
+def test_count_spikes():
+    steps = list(range(1, 11))
+    smooth = [5.0, 4.0, 3.5, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0]
+    loss = [5.0, 4.0, 3.5, 3.0, 3.7, 3.7, 3.0, 3.5, 3.0, 3.61]
+    # threshold 1.2 x 3.0 = 3.6: steps 5-6 (one spike), step 10; step 8 (3.5) is noise
+    assert count_spikes(steps, loss, smooth, warmup_steps=1) == 2
+    assert count_spikes(steps, loss, smooth, warmup_steps=6) == 1  # steps 5-6 are in the warm-up
+    assert count_spikes(steps, [*loss[:9], math.nan], smooth, warmup_steps=1) == 1  # NaN: divergence, no spike
+
+
+def test_lr_stability_counts_diverged_and_failed_runs(tmp_path):
+    study = tmp_path / "study"
+    spiky = [3.0] * 20
+    spiky[14] = spiky[15] = spiky[18] = 4.5  # two spikes (steps 15-16 and 19)
+    for seed in (1, 2):
+        make_run(study, f"b1-s{seed}", alpha=0.0, seed=seed, final_bpb=0.90 + seed / 100)  # no lr_scale: 1
+        make_run(study, f"x1-s{seed}", alpha=1.0, seed=seed, lr_scale=1.0, final_bpb=0.89 + seed / 100)
+        make_run(study, f"b8-s{seed}", alpha=0.0, seed=seed, lr_scale=8.0, final_bpb=0.95,
+                 losses=spiky if seed == 1 else None)
+    nan_loss = [3.0] * 20
+    nan_loss[10] = math.nan  # a skipped non-finite step: the run finished
+    make_run(study, "x8-s1", alpha=1.0, seed=1, lr_scale=8.0, final_bpb=0.93, losses=nan_loss)
+    make_run(study, "x8-s2", alpha=1.0, seed=2, lr_scale=8.0, final_bpb=0.92)
+    make_run(study, "x8-s3", alpha=1.0, seed=3, lr_scale=8.0, complete=False,  # stopped on a NaN loss
+             status={"status": "failed", "step": 7, "error": "FloatingPointError: non-finite loss at step 7"})
+    report = build_report([study], tmp_path / "out")
+    text = report.read_text()
+    got = numbers(report)
+    x8, b8 = f"{XSA} · lr×8", "muon · no XSA · lr×8"
+    assert got[x8, "stability", "runs"] == 3 and got[x8, "stability", "diverged"] == 2
+    assert got[b8, "stability", "runs"] == 2 and got[b8, "stability", "diverged"] == 0
+    assert got[b8, "stability", "spikes"] == 2
+    assert got[XSA, "stability", "diverged"] == 0 and got[XSA, "stability", "runs"] == 2
+    # val/bpb over the complete runs with a finite value; Δ paired against the baseline at the same lr scale
+    assert got[x8, "val/bpb", "finite_mean"] == pytest.approx(0.925) and got[x8, "val/bpb", "finite_mean_n"] == 2
+    assert got[x8, "val/bpb", "paired_delta"] == pytest.approx((0.93 - 0.95 + 0.92 - 0.95) / 2)
+    assert got[XSA, "val/bpb", "paired_delta"] == pytest.approx(-0.01)
+    assert "| muon | α=1 · layers=all · value=mixed | 8 | 3 | 2 | 0 |" in text
+    assert "- `study/x8-s3`: incomplete: no checkpoints/final.ckpt (failed at step 7: FloatingPointError" in text
+    assert "### Learning-rate stability" in text
+
+
+def test_arms_split_by_lr_scale(tmp_path):
+    study = tmp_path / "study"
+    make_run(study, "b1", alpha=0.0, final_bpb=0.90)
+    make_run(study, "b2", alpha=0.0, lr_scale=2.0, final_bpb=0.80)
+    make_run(study, "x2", alpha=1.0, lr_scale=2.0, final_bpb=0.78)
+    got = numbers(build_report([study], tmp_path / "out"))
+    assert got[f"{XSA} · lr×2", "val/bpb", "delta"] == pytest.approx(-0.02)  # vs the lr×2 baseline, not lr×1
+    assert got["muon · no XSA", "val/bpb", "mean"] == pytest.approx(0.90)
+
+
+def test_scale_trend_rows_and_plot(tmp_path):
+    study = tmp_path / "study"
+    deltas = {"d12": (1_000_000, [-0.010, -0.014]), "d24": (8_000_000, [-0.020, -0.022])}
+    for depth, (size, diffs) in deltas.items():
+        for seed, diff in enumerate(diffs, 1):
+            make_run(study, f"{depth}-b{seed}", depth=depth, seed=seed, n_params=size, final_bpb=0.9)
+            make_run(study, f"{depth}-x{seed}", depth=depth, alpha=1.0, seed=seed, n_params=size, final_bpb=0.9 + diff)
+    report = build_report([study], tmp_path / "out")
+    got = csv_rows(report)
+    assert got["d12", XSA, "val/bpb", "n_params"] == 1_000_000 and got["d24", XSA, "val/bpb", "n_params"] == 8_000_000
+    assert got["d24", XSA, "val/bpb", "paired_delta"] == pytest.approx(-0.021)
+    half = T2 * np.std([-0.020, -0.022], ddof=1) / math.sqrt(2)
+    assert got["d24", XSA, "val/bpb", "paired_delta_ci95_low"] == pytest.approx(-0.021 - half, rel=1e-6)
+    text = report.read_text()
+    assert f"| {XSA} | d12 | 1,000,000 | −0.0120 |" in text and f"| {XSA} | d24 | 8,000,000 | −0.0210 |" in text
+    assert is_png(report.parent / "plots" / "scale.png") and "](plots/scale.png)" in text
+    # one depth: no scale section
+    one = build_report([study / "d12-b1", study / "d12-x1"], tmp_path / "out1").read_text()
+    assert "Scale" not in one and not (tmp_path / "out1" / "plots" / "scale.png").exists()
+
+
+def test_step_time_ratio(tmp_path):
+    study = tmp_path / "study"
+    for seed, (base, xsa) in enumerate(((1000.0, 800.0), (1200.0, 1000.0), (900.0, 700.0)), 1):
+        make_run(study, f"b{seed}", alpha=0.0, seed=seed, tokens_per_sec=base)
+        make_run(study, f"x{seed}", alpha=1.0, seed=seed, tokens_per_sec=xsa)
+    report = build_report([study], tmp_path / "out")
+    got = numbers(report)
+    assert got[XSA, "train/tokens_per_sec", "median"] == 800.0
+    assert got["muon · no XSA", "train/tokens_per_sec", "median"] == 1000.0
+    assert got[XSA, "train/tokens_per_sec", "step_time_ratio"] == pytest.approx(1.25)
+    assert f"| {XSA} | 800 | 1.250 |" in report.read_text()
+
+
+def test_validation_coverage(tmp_path):
+    part = {"tokens": 1024, "split_tokens": 84096, "whole": False}
+    whole = {"tokens": 84096, "split_tokens": 84096, "whole": True}
+    same = tmp_path / "same"
+    make_run(same, "a", val_scope=part)
+    make_run(same, "b", alpha=1.0, val_scope=part)
+    text = build_report([same], tmp_path / "out1").read_text()
+    assert text.count("over 1,024 of 84,096 tokens") == 1 and "(every run of this depth)" in text
+    mixed = tmp_path / "mixed"
+    make_run(mixed, "a", val_scope=whole)
+    make_run(mixed, "b", alpha=1.0, val_scope=part)
+    make_run(mixed, "c", alpha=1.0, seed=2)  # an older run without val_scope: nothing said
+    report = build_report([mixed], tmp_path / "out2")
+    text = report.read_text()
+    assert "- `mixed/b`: val/bpb over 1,024 of 84,096 tokens" in text and "`mixed/a`: val/bpb" not in text
+    assert numbers(report)[XSA, "val/bpb", "val_tokens:mixed/b"] == 1024
+    # an evaluation's val_scope wins with its val/bpb
+    folder = make_eval(mixed / "b", 20, {"val/bpb": 0.84}, stamp="20260102-000000")
+    summary = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({**summary, "val_scope": whole}))
+    assert "over 1,024" not in build_report([mixed], tmp_path / "out3").read_text()
+    whole_only = tmp_path / "whole"
+    make_run(whole_only, "a", val_scope=whole)
+    assert "Validation coverage" not in build_report([whole_only], tmp_path / "out4").read_text()
+
+
+def test_sweep_jobs_in_hydra_order():
+    jobs, varying = sweep_jobs(["lr=1", "xsa.alpha=0,1,0.5", "optim=muon,adamw", "xsa.alpha=0,1"])
+    # a key given twice keeps its first place with its last values; the last key varies fastest
+    assert jobs == [["lr=1", "xsa.alpha=0", "optim=muon"], ["lr=1", "xsa.alpha=0", "optim=adamw"],
+                    ["lr=1", "xsa.alpha=1", "optim=muon"], ["lr=1", "xsa.alpha=1", "optim=adamw"]]
+    assert varying == {"xsa.alpha", "optim"}
+
+
+@pytest.mark.slow
+def test_report_of_real_learnable_runs(tmp_path):
+    """A real sweep of tiny learnable-α runs over part of the validation split: the sweep's job numbering, the
+    learned-α plot and table (from metrics.csv's xsa/alpha/L<i> and diagnostics.jsonl's alpha) and the
+    validation coverage (run.json's val_scope)."""
+    import json as _json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from xsa_exp.report import expected_jobs
+
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, "train.py", "-m", "logger=csv", "model.n_layer=2", "model.n_embd=64", "model.n_head=2",
+               "model.sequence_len=64", "model.vocab_size=512", "train.device_batch_size=4",
+               "train.total_batch_tokens=512", "train.max_steps=4", "eval.every=2", "eval.diag_every=2",
+               "eval.val_tokens=1024", "xsa=learnable", "xsa.alpha=0.25,0.5", "seed=1,2",
+               f"hydra.sweep.dir={sweep}"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    infos = {int(d.name): _json.loads((d / "run.json").read_text()) for d in sweep.iterdir() if d.name.isdigit()}
+    jobs = expected_jobs(sweep)
+    assert len(jobs) == len(infos) == 4
+    for num, info in infos.items():  # Hydra's own numbering matches the enumeration from multirun.yaml
+        assert jobs[num] == f"xsa.alpha={info['alpha']:g} seed={info['seed']}"
+    report = build_report([sweep], tmp_path / "out")
+    text, got = report.read_text(), numbers(report)
+    assert "4 complete runs, 0 missing or failed" in text
+    assert is_png(report.parent / "plots" / "learned_alpha_tiny.png")
+    scope = infos[0]["val_scope"]
+    assert not scope["whole"] and scope["tokens"] == 1024
+    assert f"val/bpb over 1,024 of {scope['split_tokens']:,} tokens (every run of this depth)" in text
+    # the final α table: the last diagnostics line's alpha, mean over the seeds of each initial α (its own arm)
+    last = {}
+    for num, info in infos.items():
+        lines = (sweep / str(num) / "diagnostics.jsonl").read_text().splitlines()
+        last.setdefault(info["alpha"], []).append(np.asarray(_json.loads(lines[-1])["alpha"]))
+    assert sorted(last) == [0.25, 0.5]
+    for init, alphas in last.items():
+        arm, mean = f"muon · learnable α (init {init:g}) · layers=all · value=mixed", np.mean(alphas, axis=0)
+        assert mean.shape == (2, 2) and len(alphas) == 2
+        for layer in range(2):
+            for head in range(2):
+                assert got[arm, f"alpha/L{layer}/H{head}", "final_mean"] == pytest.approx(mean[layer, head], abs=1e-12)
+        assert f"Final learned α of `{arm}`" in text
+    assert "### Learned α" in text and "| layer | head 0 | head 1 | mean |" in text
+    assert f"| 0 | {mean[0, 0]:.3f} | {mean[0, 1]:.3f} |" in text
+    # the learned α curve is read from metrics.csv's xsa/alpha/L<i> columns
+    run = load_run(sweep / "0", "0")
+    assert set(run.layer_columns("xsa/alpha")) == {0, 1}

@@ -1,0 +1,3 @@
+from xsa_exp.report.cli import main
+
+main()

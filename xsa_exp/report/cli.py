@@ -1,0 +1,119 @@
+"""build_report (run directories -> report folder) and the command line."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from pathlib import Path
+
+from xsa_exp.report import compare as cmp
+from xsa_exp.report import plots, render
+from xsa_exp.report.runs import Problem, ReportError, RunProblem, discover, incomplete_reason, load_run
+from xsa_exp.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
+
+DESCRIPTION = "The study's report: tables, statistics and plots from run directories."
+
+
+def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha: float = 0.0,
+                 force: bool = False) -> Path:
+    """Write the report of the runs under `paths` into out_dir (default <paths[0]>/report); returns report.md."""
+    paths = [Path(p).expanduser() for p in paths]
+    if not paths:
+        raise ReportError("give at least one sweep or run directory")
+    out_dir = Path(out_dir).expanduser() if out_dir is not None else paths[0] / "report"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ReportError(f"{out_dir} is a file, not a report folder; choose another --out")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+        raise ReportError(f"{out_dir} already exists and is not empty; nothing was overwritten "
+                          "(choose another --out, or pass --force)")
+    run_dirs, sweep_problems = discover(paths)
+    if not run_dirs and not sweep_problems:
+        raise ReportError(f"no run directories (config.yaml + run.json) found under {', '.join(map(str, paths))}")
+    # Runs are named by their path from just above the given folders: "<sweep>/3", "<run dir>".
+    base = Path(os.path.commonpath([p.resolve() for p in paths])).parent
+
+    def label(path: Path) -> str:
+        return os.path.relpath(path.resolve(), base)
+
+    loaded, problems = [], [Problem(label(p), reason) for p, reason in sweep_problems]
+    for path in run_dirs:
+        try:
+            run = load_run(path, label(path))
+        except RunProblem as e:
+            problems.append(Problem(label(path), str(e)))
+            continue
+        loaded.append(run)
+        if not run.complete:
+            problems.append(Problem(run.label, incomplete_reason(run)))
+    problems.sort(key=lambda p: p.label)
+    runs = [run for run in loaded if run.complete]
+    results = cmp.compare(runs, baseline_alpha)
+    stability = cmp.stability(loaded, results)
+
+    plots_dir = out_dir / "plots"
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    for stale in plots_dir.glob("*.png"):  # --force: no plot of an earlier report may pass for this one's
+        stale.unlink()
+    out = render.Numbers()
+    render.results_numbers(results, out)
+    sections = []
+    for depth in dict.fromkeys(r.depth for r in results):
+        at_depth = [r for r in results if r.depth == depth]
+        name = render.slug(depth)
+        plots.plot_curves(depth, at_depth, plots_dir / f"curves_{name}.png")
+        made = [("Training curves (mean over seeds, band: min–max over seeds)", f"curves_{name}.png")]
+        optional = (("Final val bpb vs α", "alpha", plots.plot_alpha),
+                    ("Learned α per layer vs step (mean over seeds, band: min–max)", "learned_alpha",
+                     plots.plot_learned_alpha),
+                    ("Attention diagnostics per layer (last diagnostics step)", "diagnostics", plots.plot_diagnostics))
+        for title, prefix, plot in optional:
+            if plot(depth, at_depth, plots_dir / f"{prefix}_{name}.png"):
+                made.append((title, f"{prefix}_{name}.png"))
+        sections.append("\n".join([
+            f"## Depth `{depth}`", "",
+            *render.final_table(depth, at_depth),
+            *render.coverage(depth, [run for r in at_depth for run in r.runs], out),
+            *render.differences(at_depth),
+            *render.optimizer_section(depth, cmp.optimizer_interactions(at_depth), out),
+            *render.stability_section(depth, stability.get(depth, []), out),
+            *render.learned_alpha_section(depth, at_depth, out),
+            *render.mechanism_section(depth, at_depth, out),
+            *render.plots_section(made)]))
+    points = cmp.scale_trend(results)
+    if points:
+        plots.plot_scale(points, plots_dir / "scale.png")
+    scale = render.scale_section(points, "scale.png" if points else None, out)
+
+    with open(out_dir / "numbers.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["depth", "arm", "metric", "statistic", "value"])
+        writer.writerows(out)
+    baseline = "no XSA (α = 0 or no XSA layers)" if baseline_alpha == 0 else f"α = {baseline_alpha:g}"
+    head = ["# XSA study report", "",
+            f"From {', '.join(f'`{p}`' for p in paths)}: {len(runs)} complete runs, {len(problems)} missing or failed. "
+            f"Baseline: {baseline}, same depth, optimizer and lr scale. Arms pool their seeds. CIs are 95%: "
+            f"t-intervals over seeds; CORE and ChatCORE also get a paired bootstrap over examples "
+            f"({BOOTSTRAP_RESAMPLES} resamples within tasks, seed {BOOTSTRAP_SEED}). numbers.csv holds every number "
+            "below.", ""]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(head + sections) + "\n" + scale
+                      + render.runs_section(sorted(runs, key=lambda r: r.label), problems))
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m xsa_exp.report", description=DESCRIPTION)
+    parser.add_argument("paths", nargs="+", type=Path, help="sweep or run directories, searched recursively")
+    parser.add_argument("--out", type=Path, default=None, help="report folder (default: <first path>/report)")
+    parser.add_argument("--baseline-alpha", type=float, default=0.0,
+                        help="α of the baseline arm (default 0: standard attention)")
+    parser.add_argument("--force", action="store_true", help="write into an existing non-empty report folder")
+    args = parser.parse_args(argv)
+    try:
+        report = build_report(args.paths, args.out, args.baseline_alpha, args.force)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"report: {report}")

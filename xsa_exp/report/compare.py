@@ -1,0 +1,217 @@
+"""The study's comparisons: arms and their baselines, optimizer × XSA, learning-rate stability, the trend
+with model size and the measured step time."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from xsa_exp.report.runs import Arm, Run
+from xsa_exp.report.stats import (Estimate, aggregate_of, bootstrap_examples, interaction, mean_ci,
+                                  paired_difference, relative_change, run_spikes, seed_differences)
+
+
+@dataclass
+class ArmResult:
+    depth: str
+    arm: Arm
+    runs: list[Run]
+    is_baseline: bool
+    baseline: ArmResult | None = None  # the arm this one is compared with (None for a baseline)
+    values: dict[str, Estimate] = field(default_factory=dict)  # metric -> mean ± CI over seeds
+    paired: dict[str, Estimate] = field(default_factory=dict)  # metric -> paired difference over shared seeds
+    bootstrap: dict[str, Estimate] = field(default_factory=dict)  # (Chat)CORE metric -> paired bootstrap over examples
+
+    def delta(self, metric: str) -> tuple[float, float | None] | None:
+        """(arm − baseline, the same relative to the baseline in % or None where that means nothing) of the
+        means, when both have the metric."""
+        if self.baseline is None or metric not in self.values or metric not in self.baseline.values:
+            return None
+        base = self.baseline.values[metric].value
+        diff = self.values[metric].value - base
+        return diff, relative_change(diff, base)
+
+    @property
+    def n_params(self) -> int:
+        return int(np.median([run.n_params for run in self.runs]))
+
+    @property
+    def tokens_per_sec(self) -> float | None:
+        """Median over the runs of each run's median train/tokens_per_sec (None if none was logged)."""
+        medians = [run_throughput(run) for run in self.runs]
+        medians = [m for m in medians if m is not None]
+        return float(np.median(medians)) if medians else None
+
+    @property
+    def step_time_ratio(self) -> float | None:
+        """Step time relative to the baseline arm: baseline tokens/s ÷ this arm's tokens/s (> 1: slower)."""
+        mine = self.tokens_per_sec
+        base = None if self.baseline is None else self.baseline.tokens_per_sec
+        return None if mine is None or base is None or mine <= 0 else base / mine
+
+
+def run_throughput(run: Run) -> float | None:
+    rows = run.rows("train/tokens_per_sec")["train/tokens_per_sec"].to_numpy(dtype=float)
+    rows = rows[np.isfinite(rows) & (rows > 0)]
+    return float(np.median(rows)) if len(rows) else None
+
+
+def metric_names(runs: list[Run]) -> list[str]:
+    return sorted({name for run in runs for name in run.finals}, key=lambda name: (name != "val/bpb", name))
+
+
+def compare(runs: list[Run], baseline_alpha: float) -> list[ArmResult]:
+    """One ArmResult per depth and arm, baselines first, with its statistics and its comparison."""
+    groups = defaultdict(list)
+    for run in runs:
+        groups[run.depth, run.arm].append(run)
+    depth_size = {depth: min(r.n_params for r in runs if r.depth == depth) for depth, _ in groups}
+
+    def order(key):
+        depth, arm = key
+        return (depth_size[depth], depth, arm.lr_scale, arm.alpha != baseline_alpha, arm.optim, arm.alpha is None,
+                arm.alpha or 0.0, arm.alpha_init or 0.0, arm.layers, arm.value_source)
+
+    results = []
+    for depth, arm in sorted(groups, key=order):
+        arm_runs = sorted(groups[depth, arm], key=lambda r: (r.seed, r.label))
+        values = {m: mean_ci([r.finals[m] for r in arm_runs if m in r.finals]) for m in metric_names(arm_runs)}
+        results.append(ArmResult(depth, arm, arm_runs, arm.alpha == baseline_alpha, values=values))
+    for result in results:
+        result.baseline = find_baseline(result, results)
+        if result.baseline is None:
+            continue
+        for metric in result.values:
+            paired = paired_difference(result.runs, result.baseline.runs, metric)
+            if paired is not None:
+                result.paired[metric] = paired
+            aggregate = aggregate_of(metric)
+            if aggregate is not None:
+                bootstrap = bootstrap_examples(eval_pairs(result.runs, result.baseline.runs, metric), aggregate)
+                if bootstrap is not None:
+                    result.bootstrap[metric] = bootstrap
+    return results
+
+
+def find_baseline(result: ArmResult, results: list[ArmResult]) -> ArmResult | None:
+    """The baseline arm of the same depth, optimizer and learning rate scale."""
+    if result.is_baseline:
+        return None
+    candidates = [b for b in results if b.is_baseline and b.depth == result.depth and b.arm.optim == result.arm.optim
+                  and b.arm.lr_scale == result.arm.lr_scale]
+    # With an XSA baseline (α ≠ 0), compare like with like: same layers and value source when there is one.
+    same = [b for b in candidates if (b.arm.layers, b.arm.value_source) == (result.arm.layers, result.arm.value_source)]
+    return (same or candidates or [None])[0]
+
+
+def eval_pairs(runs: list[Run], baseline: list[Run], metric: str) -> list[tuple[Path, Path]]:
+    """(arm, baseline) eval folders that produced `metric`, one pair per shared seed (first run of a seed)."""
+    def folders(group):
+        out = {}
+        for run in group:
+            if isinstance(run.sources.get(metric), Path):
+                out.setdefault(run.seed, run.sources[metric])
+        return out
+
+    arm, base = folders(runs), folders(baseline)
+    return [(arm[s], base[s]) for s in sorted(arm.keys() & base.keys())]
+
+
+# -----------------------------------------------------------------------------
+# Optimizer × XSA
+
+
+@dataclass
+class OptimizerInteraction:
+    """Does XSA's effect carry over from AdamW to Muon? The paired Δ (XSA − baseline) under each optimizer and
+    the interaction: per seed, Δ under Muon − Δ under AdamW, mean ± t-interval over the seeds both have."""
+
+    depth: str
+    arm: Arm  # the Muon arm (its XSA settings and lr scale name the row)
+    metric: str
+    muon: Estimate
+    adamw: Estimate
+    interaction: Estimate
+
+    @property
+    def label(self) -> str:
+        return f"{self.arm.xsa_label}{self.arm.lr_label}"
+
+
+def optimizer_interactions(results: list[ArmResult]) -> list[OptimizerInteraction]:
+    rows = []
+    for muon in results:
+        if muon.arm.optim != "muon" or muon.baseline is None:
+            continue
+        for adamw in results:
+            if (adamw.depth, adamw.arm.optim, adamw.arm.xsa_key, adamw.arm.lr_scale) != \
+                    (muon.depth, "adamw", muon.arm.xsa_key, muon.arm.lr_scale) or adamw.baseline is None:
+                continue
+            for metric in muon.values:
+                d_muon = seed_differences(muon.runs, muon.baseline.runs, metric)
+                d_adamw = seed_differences(adamw.runs, adamw.baseline.runs, metric)
+                both = interaction(d_muon, d_adamw)
+                if both is not None:
+                    rows.append(OptimizerInteraction(muon.depth, muon.arm, metric, muon.paired[metric],
+                                                     adamw.paired[metric], both))
+    return rows
+
+
+# -----------------------------------------------------------------------------
+# Learning-rate stability
+
+
+@dataclass
+class StabilityRow:
+    """One optimizer × α × lr scale at a depth, over ALL its runs, failed and diverged ones included."""
+
+    depth: str
+    arm: Arm
+    runs: int
+    diverged: int
+    spikes: int
+    val_bpb: Estimate | None  # over the complete runs with a finite final val/bpb
+    paired: Estimate | None  # paired Δ val/bpb vs the baseline arm at the same lr scale (complete runs)
+
+
+def stability(all_runs: list[Run], results: list[ArmResult]) -> dict[str, list[StabilityRow]]:
+    """depth -> rows, for the depths that have more than one lr scale or a diverged run."""
+    groups = defaultdict(list)
+    for run in all_runs:
+        groups[run.depth, run.arm].append(run)
+    by_key = {(r.depth, r.arm): r for r in results}
+    out = defaultdict(list)
+    for (depth, arm), runs in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1].optim, g[0][1].lr_scale,
+                                                                     g[0][1].alpha is None, g[0][1].alpha or 0.0)):
+        finite = [r.finals["val/bpb"] for r in runs if r.complete and math.isfinite(r.finals.get("val/bpb", math.nan))]
+        result = by_key.get((depth, arm))
+        out[depth].append(StabilityRow(depth, arm, len(runs), sum(r.diverged for r in runs),
+                                       sum(run_spikes(r) for r in runs), mean_ci(finite) if finite else None,
+                                       None if result is None else result.paired.get("val/bpb")))
+    return {depth: rows for depth, rows in out.items()
+            if len({row.arm.lr_scale for row in rows}) > 1 or any(row.diverged for row in rows)}
+
+
+# -----------------------------------------------------------------------------
+# Scale: Δ val/bpb against model size
+
+
+@dataclass
+class ScalePoint:
+    depth: str
+    n_params: int
+    arm: Arm
+    delta: Estimate  # paired Δ val/bpb over seeds
+
+
+def scale_trend(results: list[ArmResult]) -> list[ScalePoint]:
+    """Paired Δ val/bpb per base depth and XSA arm, by size; [] unless at least two base depths have one."""
+    points = [ScalePoint(r.depth, r.n_params, r.arm, r.paired["val/bpb"]) for r in results
+              if "val/bpb" in r.paired and not r.depth.endswith(" · SFT")]
+    if len({p.depth for p in points}) < 2:
+        return []
+    return sorted(points, key=lambda p: (p.arm.label, p.n_params))

@@ -1,0 +1,136 @@
+"""Plots (matplotlib's object API: Agg, and pyplot's global state left alone)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from xsa_exp.report.compare import ArmResult, ScalePoint
+from xsa_exp.report.stats import band
+
+PLOTTED_DIAGNOSTICS = ("attn_self_cos", "out_self_cos", "diag_attn")
+
+
+def plot_band(ax, curve: pd.DataFrame, x: str, color: str, label: str | None, **line) -> None:
+    """The mean over seeds as a line, the min–max over seeds as a shaded band."""
+    ax.plot(curve[x], curve["mean"], color=color, label=label, **line)
+    if (curve["n"] > 1).any():
+        ax.fill_between(curve[x], curve["low"], curve["high"], color=color, alpha=0.2, lw=0)
+
+
+def plot_curves(depth: str, results: list[ArmResult], path: Path) -> None:
+    """Train loss (thin: raw, thick: smoothed) and val bpb against step and tokens seen: per arm the mean over
+    seeds, shaded from the lowest to the highest seed."""
+    fig = Figure(figsize=(12, 8), layout="constrained")
+    axes = fig.subplots(2, 2)
+    for i, result in enumerate(results):
+        color = f"C{i % 10}"
+        raw, smooth, val = (band(result.runs, c) for c in ("train/loss", "train/loss_smooth", "val/bpb"))
+        for col, x in enumerate(("step", "tokens")):
+            if not raw.empty:
+                axes[0, col].plot(raw[x], raw["mean"], color=color, lw=0.6, alpha=0.3)
+            if not smooth.empty:
+                plot_band(axes[0, col], smooth, x, color, result.arm.label, lw=1.4)
+            if not val.empty:
+                plot_band(axes[1, col], val, x, color, result.arm.label, marker="o", ms=3, lw=1.2)
+    for row, name in enumerate(("train loss (thin: raw mean, thick: smoothed mean)", "val bpb")):
+        for col, x in enumerate(("step", "tokens seen")):
+            axes[row, col].set(title=f"{depth}: {name}; band: min–max over seeds", xlabel=x)
+            axes[row, col].grid(alpha=0.3)
+    axes[1, 0].legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+
+
+def plot_diagnostics(depth: str, results: list[ArmResult], path: Path) -> bool:
+    """Per-layer diagnostics of the last diagnostics row, mean over each arm's seeds; False if none were logged."""
+    fig = Figure(figsize=(13, 4), layout="constrained")
+    axes = fig.subplots(1, len(PLOTTED_DIAGNOSTICS))
+    plotted = False
+    for ax, name in zip(axes, PLOTTED_DIAGNOSTICS):
+        for i, result in enumerate(results):
+            per_layer = pd.DataFrame([run.diagnostics(name) for run in result.runs]).mean()
+            if not per_layer.empty:
+                ax.plot(per_layer.index, per_layer.to_numpy(), "o-", color=f"C{i % 10}", label=result.arm.label)
+                plotted = True
+        ax.set(title=f"{depth}: {name}", xlabel="layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    if plotted:
+        axes[0].legend(fontsize=8)
+        fig.savefig(path, dpi=110)
+    return plotted
+
+
+def plot_alpha(depth: str, results: list[ArmResult], path: Path) -> bool:
+    """val bpb vs α (error bars: 95% CI over seeds), one line per optimizer, lr scale, layers and value source,
+    the no-XSA arm at α = 0 on each; False (no plot) unless the depth has at least two distinct fixed α."""
+    fixed = [r for r in results if r.arm.alpha is not None and "val/bpb" in r.values]
+    if len({r.arm.alpha for r in fixed}) < 2:
+        return False
+    off = {(r.arm.optim, r.arm.lr_scale): r for r in fixed if r.arm.off}
+    series = defaultdict(list)
+    for r in fixed:
+        if not r.arm.off:
+            series[r.arm.optim, r.arm.lr_scale, r.arm.layers, r.arm.value_source].append(r)
+    for (optim, lr_scale, _, _), points in series.items():
+        points.extend([off[optim, lr_scale]] if (optim, lr_scale) in off else [])
+    fig = Figure(figsize=(6, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for (optim, lr_scale, layers, value_source), points in sorted(series.items()):
+        points.sort(key=lambda r: r.arm.alpha)
+        estimates = [r.values["val/bpb"] for r in points]
+        errors = [0.0 if e.low is None else e.value - e.low for e in estimates]
+        lr = "" if lr_scale == 1 else f" · lr×{lr_scale:g}"
+        ax.errorbar([r.arm.alpha for r in points], [e.value for e in estimates], yerr=errors, fmt="o-", capsize=3,
+                    label=f"{optim}{lr} · layers={layers} · value={value_source}")
+    ax.set(title=f"{depth}: final val bpb vs α (95% CI over seeds)", xlabel="α", ylabel="val bpb")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def plot_learned_alpha(depth: str, results: list[ArmResult], path: Path) -> bool:
+    """Learnable α per layer (xsa/alpha/L<i>, the mean over heads) against step, mean over seeds with the
+    min–max band, one panel per learnable arm; False if no learnable arm logged α."""
+    learnable = [r for r in results if r.arm.alpha is None
+                 and any(run.layer_columns("xsa/alpha") for run in r.runs)]
+    if not learnable:
+        return False
+    fig = Figure(figsize=(6 * len(learnable), 4.5), layout="constrained")
+    axes = fig.subplots(1, len(learnable), squeeze=False)[0]
+    for ax, result in zip(axes, learnable):
+        layers = sorted({layer for run in result.runs for layer in run.layer_columns("xsa/alpha")})
+        for layer in layers:
+            curve = band(result.runs, f"xsa/alpha/L{layer}")
+            plot_band(ax, curve, "step", f"C{layer % 10}", f"layer {layer}", marker="o", ms=2, lw=1.2)
+        ax.set(title=f"{depth}: {result.arm.label}", xlabel="step", ylabel="α (mean over heads and seeds)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def plot_scale(points: list[ScalePoint], path: Path) -> None:
+    """Δ val/bpb (XSA − baseline, paired over seeds, 95% CI) against total parameters, one line per arm."""
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
+    series = defaultdict(list)
+    for p in points:
+        series[p.arm.label].append(p)
+    for label, line in sorted(series.items()):
+        errors = [[0.0 if p.delta.low is None else p.delta.value - p.delta.low for p in line],
+                  [0.0 if p.delta.high is None else p.delta.high - p.delta.value for p in line]]
+        ax.errorbar([p.n_params for p in line], [p.delta.value for p in line], yerr=errors, fmt="o-", capsize=3,
+                    label=label)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xscale("log")
+    ax.set(title="Δ val bpb (XSA − baseline) vs model size (95% CI over seeds)", xlabel="total parameters",
+           ylabel="Δ val bpb")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)

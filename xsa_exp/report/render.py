@@ -1,0 +1,256 @@
+"""report.md's sections, and numbers.csv's rows for every number they print."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import numpy as np
+
+from xsa_exp.report.compare import ArmResult, OptimizerInteraction, ScalePoint, StabilityRow, metric_names
+from xsa_exp.report.runs import Problem, Run, describe_scope
+from xsa_exp.report.stats import RELATIVE_MIN_BASELINE, SPIKE_RISE, WARMUP_FRACTION, Estimate
+
+
+class Numbers(list):
+    """numbers.csv's rows (depth, arm, metric, statistic, value), added by the sections as they print."""
+
+    def add(self, depth: str, arm: str, metric: str, statistic: str, value) -> None:
+        if value is not None:
+            self.append((depth, arm, metric, statistic, value))
+
+    def estimate(self, depth: str, arm: str, metric: str, name: str, e: Estimate | None) -> None:
+        if e is not None:
+            for statistic, value in (("", e.value), ("_ci95_low", e.low), ("_ci95_high", e.high), ("_n", e.n)):
+                self.add(depth, arm, metric, name + statistic, value)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", text)
+
+
+def num(x: float, digits: int = 4, sign: bool = False) -> str:
+    return f"{x:{'+' if sign else ''}.{digits}f}".replace("-", "\u2212")  # a typographic minus, as in print
+
+
+def fmt_estimate(e: Estimate) -> str:
+    return f"{num(e.value)} (n=1)" if e.low is None else f"{num(e.value)} ± {num(e.high - e.value)} (n={e.n})"
+
+
+def fmt_delta(delta: tuple[float, float | None] | None) -> str:
+    if delta is None:
+        return "—"
+    return f"{num(delta[0], sign=True)} ({'n/a' if delta[1] is None else num(delta[1], 2, sign=True) + '%'})"
+
+
+def fmt_interval(e: Estimate) -> str:
+    return f"n={e.n}, no interval" if e.low is None else f"[{num(e.low, sign=True)}, {num(e.high, sign=True)}]"
+
+
+def fmt_difference(e: Estimate | None) -> str:
+    return "—" if e is None else f"{num(e.value, sign=True)} {fmt_interval(e)} ({e.n} seeds)"
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+
+
+def results_numbers(results: list[ArmResult], out: Numbers) -> None:
+    """The final results and the differences vs baseline (tables of depth_section)."""
+    for r in results:
+        for metric, estimate in r.values.items():
+            out.estimate(r.depth, r.arm.label, metric, "mean", estimate)
+            delta = r.delta(metric)
+            if delta is not None:
+                out.add(r.depth, r.arm.label, metric, "delta", delta[0])
+                out.add(r.depth, r.arm.label, metric, "delta_pct", delta[1])
+            for name, table in (("paired_delta", r.paired), ("bootstrap_delta", r.bootstrap)):
+                out.estimate(r.depth, r.arm.label, metric, name, table.get(metric))
+            for run in r.runs:
+                out.add(r.depth, r.arm.label, metric, f"run:{run.label}", run.finals.get(metric))
+
+
+def final_table(depth: str, results: list[ArmResult]) -> list[str]:
+    metrics = metric_names([run for r in results for run in r.runs])
+    header = ["arm", "seeds", "steps"] + [cell for m in metrics for cell in (m, f"Δ {m}")]
+    rows, not_relative = [], False
+    for r in results:
+        steps = sorted({run.steps for run in r.runs})
+        span = f"{steps[0]:,}" + (f"–{steps[-1]:,}" if len(steps) > 1 else "")
+        cells = [r.arm.label, ", ".join(str(run.seed) for run in r.runs), span]
+        for m in metrics:
+            cells.append(fmt_estimate(r.values[m]) if m in r.values else "—")
+            delta = r.delta(m)
+            not_relative |= delta is not None and delta[1] is None
+            cells.append("baseline" if r.is_baseline else fmt_delta(delta))
+        rows.append(cells)
+    parts = ["### Final results", "",
+             "Mean ± 95% CI over seeds; Δ: arm mean − baseline mean (relative to the baseline). "
+             "Lower val/bpb is better, higher CORE and ChatCORE are better.", "", md_table(header, rows), ""]
+    if not_relative:
+        parts += [f"n/a: a relative change is printed only where the baseline mean is at least "
+                  f"{RELATIVE_MIN_BASELINE:g}; below that (negative, zero or near zero, as centered CORE scores "
+                  "of small models are) a percentage of the baseline means nothing.", ""]
+    return parts
+
+
+def coverage(depth: str, runs: list[Run], out: Numbers) -> list[str]:
+    """"val/bpb over N of M tokens" for runs that did not cover the whole validation split: once when all runs
+    of the depth share it, else per run; nothing when every run covers the whole split."""
+    partial = {run.label: describe_scope(run.val_scope) for run in sorted(runs, key=lambda r: r.label)
+               if describe_scope(run.val_scope)}
+    for run in runs:
+        if run.label in partial:
+            out.add(depth, run.arm.label, "val/bpb", f"val_tokens:{run.label}", run.val_scope["tokens"])
+            out.add(depth, run.arm.label, "val/bpb", f"val_split_tokens:{run.label}", run.val_scope.get("split_tokens"))
+    if not partial:
+        return []
+    if len(partial) == len(runs) and len(set(partial.values())) == 1:
+        return [f"Validation coverage: val/bpb {next(iter(partial.values()))} (every run of this depth).", ""]
+    return ["Validation coverage (the other runs cover the whole split):", "",
+            *(f"- `{label}`: val/bpb {scope}" for label, scope in partial.items()), ""]
+
+
+def differences(results: list[ArmResult]) -> list[str]:
+    metrics = metric_names([run for r in results for run in r.runs])
+    tests = []
+    for r in results:
+        for m in metrics:
+            for test, table, unit in (("paired over seeds", r.paired, "seeds"),
+                                      ("paired bootstrap over examples", r.bootstrap, "examples")):
+                if m in table:
+                    e = table[m]
+                    tests.append([r.arm.label, m, test, num(e.value, sign=True), fmt_interval(e), f"{e.n:,} {unit}",
+                                  e.significant])
+    parts = ["### Differences vs baseline", ""]
+    if not tests:
+        return parts + ["No arm shares a seed with a baseline arm of its depth, optimizer and lr scale.", ""]
+    return parts + ["significant? no: the 95% interval includes zero, so the difference is not distinguishable "
+                    "from noise; n.a.: a single seed pair gives no interval. The bootstrap covers the sampling of "
+                    "the (Chat)CORE examples only; the seeds' spread is in the paired test.", "",
+                    md_table(["arm", "metric", "test", "Δ", "95% CI", "n", "significant?"], tests), ""]
+
+
+def optimizer_section(depth: str, rows: list[OptimizerInteraction], out: Numbers) -> list[str]:
+    if not rows:
+        return []
+    table = []
+    for row in rows:
+        table.append([row.label, row.metric, fmt_difference(row.muon), fmt_difference(row.adamw),
+                      fmt_difference(row.interaction), row.interaction.significant])
+        for name, e in (("muon_paired_delta", row.muon), ("adamw_paired_delta", row.adamw),
+                        ("interaction", row.interaction)):
+            out.estimate(depth, f"optimizer × {row.label}", row.metric, name, e)
+    return ["### Optimizer × XSA", "",
+            "Does XSA's effect carry over from AdamW to Muon? Δ: XSA arm − the no-XSA arm of the same optimizer and "
+            "lr scale, paired over seeds (95% t-CI); interaction: per seed, Δ under Muon − Δ under AdamW, over the "
+            "seeds all four arms share. significant? is the interaction's.", "",
+            md_table(["XSA arm", "metric", "Δ under Muon", "Δ under AdamW", "interaction (Muon − AdamW)",
+                      "significant?"], table), ""]
+
+
+def stability_section(depth: str, rows: list[StabilityRow], out: Numbers) -> list[str]:
+    if not rows:
+        return []
+    table = []
+    for row in rows:
+        table.append([row.arm.optim, row.arm.xsa_label, f"{row.arm.lr_scale:g}", str(row.runs), str(row.diverged),
+                      str(row.spikes), "—" if row.val_bpb is None else fmt_estimate(row.val_bpb),
+                      fmt_difference(row.paired)])
+        label = row.arm.label
+        for statistic, value in (("runs", row.runs), ("diverged", row.diverged), ("spikes", row.spikes)):
+            out.add(depth, label, "stability", statistic, value)
+        out.estimate(depth, label, "val/bpb", "finite_mean", row.val_bpb)
+        out.estimate(depth, label, "val/bpb", "paired_delta", row.paired)
+    return ["### Learning-rate stability", "",
+            "Every run of each optimizer × α × lr scale, failed and unfinished ones included. diverged: a non-finite "
+            "train/loss or val/bpb in metrics.csv (a skipped step included), or a run stopped on a non-finite loss "
+            f"or gradient (status.json). spikes: after the first {WARMUP_FRACTION:.0%} of the steps, a step whose "
+            f"train/loss exceeds the lowest smoothed loss so far by more than {SPIKE_RISE:.0%} (consecutive steps "
+            "count once), summed over the runs. val/bpb: mean ± 95% CI over the complete runs with a finite value; "
+            "Δ: paired vs the no-XSA arm at the same optimizer and lr scale.", "",
+            md_table(["optimizer", "XSA", "lr scale", "runs", "diverged", "spikes", "final val/bpb",
+                      "Δ val/bpb vs baseline"], table), ""]
+
+
+def learned_alpha_section(depth: str, results: list[ArmResult], out: Numbers) -> list[str]:
+    """Final α per layer and head of each learnable arm: the last diagnostics.jsonl line, mean over seeds."""
+    parts = []
+    for r in results:
+        alphas = [run.final_alpha for run in r.runs if run.final_alpha is not None]
+        shapes = {a.shape for a in alphas}
+        if r.arm.alpha is not None or not alphas or len(shapes) != 1 or len(next(iter(shapes))) != 2:
+            continue
+        mean = np.mean(alphas, axis=0)
+        n_heads = mean.shape[1]
+        table = []
+        for layer, heads in enumerate(mean):
+            table.append([str(layer), *(num(a, 3) for a in heads), num(heads.mean(), 3)])
+            out.add(depth, r.arm.label, f"alpha/L{layer}", "final_mean", float(heads.mean()))
+            for head, a in enumerate(heads):
+                out.add(depth, r.arm.label, f"alpha/L{layer}/H{head}", "final_mean", float(a))
+        parts += [f"Final learned α of `{r.arm.label}`: the last diagnostics step's α per layer and head, mean "
+                  f"over {len(alphas)} seeds (0 in layers without XSA):", "",
+                  md_table(["layer", *(f"head {h}" for h in range(n_heads)), "mean"], table), ""]
+    return ["### Learned α", "", *parts] if parts else []
+
+
+def mechanism_section(depth: str, results: list[ArmResult], out: Numbers) -> list[str]:
+    table = []
+    for r in results:
+        tps, ratio = r.tokens_per_sec, r.step_time_ratio
+        if tps is None:
+            continue
+        out.add(depth, r.arm.label, "train/tokens_per_sec", "median", tps)
+        out.add(depth, r.arm.label, "train/tokens_per_sec", "step_time_ratio", ratio)
+        table.append([r.arm.label, f"{tps:,.0f}", "baseline" if r.is_baseline else
+                      "—" if ratio is None else f"{ratio:.3f}"])
+    if not table:
+        return []
+    return ["### Step time", "",
+            "tokens/s: the median over the arm's runs of each run's median train/tokens_per_sec; step-time ratio: "
+            "baseline tokens/s ÷ arm tokens/s (above 1: the arm's steps take longer). Measured in the runs, so "
+            "runs on different machines or sharing one are not comparable.", "",
+            md_table(["arm", "tokens/s", "step-time ratio vs baseline"], table), ""]
+
+
+def scale_section(points: list[ScalePoint], plot: str | None, out: Numbers) -> str:
+    if not points:
+        return ""
+    table = []
+    for p in points:
+        table.append([p.arm.label, p.depth, f"{p.n_params:,}", num(p.delta.value, sign=True), fmt_interval(p.delta),
+                      str(p.delta.n), p.delta.significant])
+        out.add(p.depth, p.arm.label, "val/bpb", "n_params", p.n_params)
+    parts = ["## Scale: Δ val/bpb vs model size", "",
+             "Δ: XSA arm − its baseline arm (same depth, optimizer and lr scale), paired over seeds, 95% t-CI; "
+             "parameters: run.json's total.", "",
+             md_table(["arm", "depth", "parameters", "Δ val/bpb", "95% CI", "seeds", "significant?"], table), ""]
+    if plot:
+        parts += [f"![Δ val bpb vs model size](plots/{plot})", ""]
+    return "\n".join(parts) + "\n"
+
+
+def plots_section(plots: list[tuple[str, str]]) -> list[str]:
+    return [line for title, file in plots for line in (f"### {title}", "", f"![{title}](plots/{file})", "")]
+
+
+def runs_section(runs: list[Run], problems: list[Problem]) -> str:
+    rows = []
+    for run in runs:
+        by_source = defaultdict(list)
+        for m in metric_names([run]):
+            by_source[source_text(run, m)].append(f"{m} {num(run.finals[m])}")
+        finals = "; ".join(f"{', '.join(values)} ({source})" for source, values in by_source.items())
+        rows.append([f"`{run.label}`", run.depth, run.arm.label, str(run.seed), f"{run.steps:,}", f"{run.tokens:,}",
+                     finals or "—"])
+    parts = ["## Runs", "", md_table(["run", "depth", "arm", "seed", "steps", "tokens", "final numbers (source)"], rows)
+             if rows else "No complete runs.", "", "## Missing or failed runs", ""]
+    parts += [f"- `{p.label}`: {p.reason}" for p in problems] or ["None."]
+    return "\n".join(parts) + "\n"
+
+
+def source_text(run: Run, metric: str) -> str:
+    source = run.sources[metric]
+    return source if isinstance(source, str) else source.relative_to(run.path).as_posix()

@@ -1,0 +1,264 @@
+"""Runs: finding run directories, loading them, and the arm each belongs to."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from xsa_exp.report.sweep import expected_jobs
+
+HEADLINE = re.compile(r"(Chat)?CORE( \d+/\d+)?")  # summary.json names: CORE, CORE 18/22, ChatCORE, ChatCORE 3/5
+EVAL_TIME = re.compile(r"(\d{8}-\d{6})$")  # eval/<checkpoint>-step<N>-<YYYYmmdd-HHMMSS>
+
+
+class ReportError(Exception):
+    """Nothing to report or nowhere to write it; the message is one line."""
+
+
+class RunProblem(Exception):
+    """Why a run directory cannot be read at all."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    optim: str
+    alpha: float | None  # None: learnable α (run.json's alpha is then only its initial value)
+    layers: str  # "" when XSA is off
+    value_source: str  # "" when XSA is off
+    lr_scale: float = 1.0  # optim.lr_scale; runs before it existed trained at 1
+    alpha_init: float | None = None  # a learnable α's initial value (run.json's alpha); different inits: different arms
+
+    @classmethod
+    def of(cls, run: dict) -> Arm:
+        lr_scale = float(run.get("lr_scale", 1.0))
+        if (not run["learnable"] and float(run["alpha"]) == 0) or not run["xsa_layers"]:
+            return cls(run["optim"], 0.0, "", "", lr_scale)
+        layers = run["layers"]
+        if not isinstance(layers, str):  # a list of layer indices, or one index
+            layers = ",".join(map(str, layers if isinstance(layers, list) else [layers]))
+        if run["learnable"]:
+            return cls(run["optim"], None, layers, run["value_source"], lr_scale, float(run["alpha"]))
+        return cls(run["optim"], float(run["alpha"]), layers, run["value_source"], lr_scale)
+
+    @property
+    def off(self) -> bool:
+        return self.layers == ""
+
+    @property
+    def xsa_label(self) -> str:
+        """The XSA part of the label: "no XSA", "α=1 · layers=all · value=mixed", "learnable α · ..."."""
+        if self.off:
+            return "no XSA"
+        alpha = f"learnable α (init {self.alpha_init:g})" if self.alpha is None else f"α={self.alpha:g}"
+        return f"{alpha} · layers={self.layers} · value={self.value_source}"
+
+    @property
+    def lr_label(self) -> str:
+        return "" if self.lr_scale == 1 else f" · lr×{self.lr_scale:g}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.optim} · {self.xsa_label}{self.lr_label}"
+
+    @property
+    def xsa_key(self) -> tuple:
+        """What an arm is apart from its optimizer and learning rate scale."""
+        return self.alpha, self.alpha_init, self.layers, self.value_source
+
+
+@dataclass
+class Run:
+    path: Path
+    label: str
+    depth: str
+    arm: Arm
+    seed: int
+    n_params: int
+    metrics: pd.DataFrame  # metrics.csv as numbers (no rows when the run wrote none)
+    logged: pd.DataFrame  # which cells of metrics.csv a row logged (the others are empty)
+    info: dict = field(default_factory=dict)  # run.json
+    complete: bool = True  # metrics.csv and checkpoints/final.ckpt
+    status: dict = field(default_factory=dict)  # status.json ({} when absent)
+    finals: dict[str, float] = field(default_factory=dict)  # "val/bpb", "CORE 18/22", "ChatCORE", ... -> value
+    sources: dict[str, str | Path] = field(default_factory=dict)  # metric -> "metrics.csv step N" or eval folder
+    val_scope: dict | None = None  # what the final val/bpb covers: {"tokens", "split_tokens", "whole"}
+    final_alpha: np.ndarray | None = None  # α per layer and head at the last diagnostics step (learnable runs)
+
+    @property
+    def steps(self) -> int:
+        return int(self.metrics["step"].max()) if len(self.metrics) else 0
+
+    @property
+    def tokens(self) -> int:
+        return int(self.metrics["tokens_seen"].max()) if "tokens_seen" in self.metrics and len(self.metrics) else 0
+
+    @property
+    def max_steps(self) -> int:
+        return int(self.info.get("max_steps") or self.steps)
+
+    def rows(self, column: str) -> pd.DataFrame:
+        """The rows of metrics.csv that logged `column` (each row holds one logger call's keys)."""
+        if column in self.metrics:
+            return self.metrics[self.logged[column]]
+        return pd.DataFrame(columns=[*self.metrics.columns, column], dtype=float)  # no rows, the column named
+
+    def layer_columns(self, prefix: str) -> dict[int, str]:
+        """Layer -> column for the per-layer columns "<prefix>/L<i>" of metrics.csv."""
+        found = {int(m.group(1)): c for c in self.metrics.columns if (m := re.fullmatch(rf"{re.escape(prefix)}/L(\d+)", c))}
+        return dict(sorted(found.items()))
+
+    def diagnostics(self, name: str) -> pd.Series:
+        """diag/{name}/L{i} of the last diagnostics row, indexed by layer (empty if never measured)."""
+        layers = self.layer_columns(f"diag/{name}")
+        columns = list(layers.values())
+        rows = self.metrics[columns][self.logged[columns].any(axis=1)]
+        if rows.empty:
+            return pd.Series(dtype=float)
+        return pd.Series(rows.iloc[-1].to_numpy(), index=list(layers))
+
+    @property
+    def diverged(self) -> bool:
+        """A non-finite train/loss or val/bpb logged in metrics.csv (NaN or ±inf, also a step that was skipped
+        and survived), a non-finite final val/bpb, or a run that stopped on a non-finite loss or gradient
+        (status.json "failed" with a non-finite / FloatingPointError error)."""
+        for column in ("train/loss", "val/bpb"):
+            if not np.isfinite(self.rows(column)[column].to_numpy(dtype=float)).all():
+                return True
+        if not math.isfinite(self.finals.get("val/bpb", 0.0)):
+            return True
+        error = str(self.status.get("error") or "")
+        return self.status.get("status") == "failed" and ("non-finite" in error or "FloatingPointError" in error)
+
+
+@dataclass
+class Problem:
+    label: str
+    reason: str
+
+
+def discover(paths: list[Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Run directories under `paths`, and (directory, reason) for sweep jobs that never became runs."""
+    runs, problems = set(), []
+    for root in paths:
+        if not root.is_dir():
+            raise ReportError(f"no such directory: {root}")
+        runs |= {p.parent.resolve() for p in root.rglob("run.json") if (p.parent / "config.yaml").is_file()}
+        for sweep in sorted({m.parent for m in root.rglob("multirun.yaml")}):
+            jobs = expected_jobs(sweep)
+            numbered = {int(d.name) for d in sweep.iterdir() if d.is_dir() and d.name.isdigit()}
+            for num in sorted(set(jobs) | numbered):
+                job, name = sweep / str(num), f"sweep job {num}" + (f" ({jobs[num]})" if jobs.get(num) else "")
+                if not job.is_dir():
+                    problems.append((job, f"missing: {name} has no directory (never started, or queued)"))
+                elif not (job / "run.json").is_file():
+                    problems.append((job, f"failed: {name} has no run.json (stopped before training)"))
+    return sorted(runs), problems
+
+
+def load_run(path: Path, label: str) -> Run:
+    """The run at `path`; run.complete is False without metrics.csv or checkpoints/final.ckpt (a failed or
+    unfinished run: not in the tables of results, but counted where stability is)."""
+    try:
+        info = json.loads((path / "run.json").read_text())
+        if (path / "metrics.csv").is_file():
+            # Empty cells are keys a row did not log; "nan" is a logged NaN (a diverged run) and must stay visible.
+            raw = pd.read_csv(path / "metrics.csv", dtype=str, keep_default_na=False)
+        else:
+            raw = pd.DataFrame({"step": pd.Series(dtype=str)})
+        status = json.loads((path / "status.json").read_text()) if (path / "status.json").is_file() else {}
+        arm, depth, seed = Arm.of(info), stage_depth(info), int(info["seed"])
+    except (OSError, ValueError) as e:  # JSONDecodeError and pandas' parser errors are ValueErrors
+        raise RunProblem(f"unreadable: {type(e).__name__}: {e}") from None
+    except KeyError as e:
+        raise RunProblem(f"run.json lacks {e}") from None
+    if "step" not in raw:
+        raise RunProblem("metrics.csv has no step column")
+    complete = (path / "metrics.csv").is_file() and (path / "checkpoints" / "final.ckpt").is_file()
+    if complete and raw.empty:
+        raise RunProblem("metrics.csv has no rows")
+    n_params = int(info.get("param_counts", {}).get("total", 0))
+    run = Run(path, label, depth, arm, seed, n_params, raw.apply(pd.to_numeric, errors="coerce"), raw != "",
+              info=info, complete=complete, status=status)
+    add_final_values(run)
+    run.final_alpha = last_alpha(path) if arm.alpha is None else None
+    return run
+
+
+def incomplete_reason(run: Run) -> str:
+    lacking = [name for name in ("metrics.csv", "checkpoints/final.ckpt") if not (run.path / name).is_file()]
+    status = run.status.get("status")
+    why = f"{status} at step {run.status.get('step')}" + (f": {run.status['error']}" if run.status.get("error") else "") \
+        if status in ("failed", "interrupted") else "failed, or still running"
+    return f"incomplete: no {' and no '.join(lacking)} ({why})"
+
+
+def stage_depth(info: dict) -> str:
+    """SFT runs are their own section ("d24 · SFT"): their val/bpb is over assistant tokens, and they
+    compare with the SFT runs of the baseline arm, not with base runs."""
+    return info["depth"] + (" · SFT" if info.get("stage", "base") == "sft" else "")
+
+
+def add_final_values(run: Run) -> None:
+    """val/bpb of the last val row, then the evaluations of the run's last step (newest last) on top; the
+    val_scope of whichever gave val/bpb (run.json's for the log)."""
+    val = run.rows("val/bpb")
+    if not val.empty:
+        run.finals["val/bpb"] = float(val["val/bpb"].iloc[-1])
+        run.sources["val/bpb"] = f"metrics.csv step {int(val['step'].iloc[-1])}"
+        run.val_scope = run.info.get("val_scope")
+    if not run.complete:
+        return
+    for folder, summary in evaluations(run.path):
+        if summary["step"] < run.steps:  # an earlier checkpoint: not the run's final numbers
+            continue
+        for name, value in summary["metrics"].items():
+            if name == "val/bpb" or HEADLINE.fullmatch(name):
+                run.finals[name], run.sources[name] = float(value), folder
+        if "val/bpb" in summary["metrics"]:
+            run.val_scope = summary.get("val_scope")
+
+
+def evaluations(path: Path) -> list[tuple[Path, dict]]:
+    """(folder, summary.json) of the run's evaluations, oldest first: by checkpoint step, then time."""
+    found = []
+    for summary_path in (path / "eval").glob("*/summary.json"):
+        try:
+            summary = json.loads(summary_path.read_text())
+        except (OSError, ValueError):  # an evaluation that crashed while writing; the others still count
+            continue
+        folder = summary_path.parent
+        stamp = EVAL_TIME.search(folder.name)
+        found.append(((summary["step"], stamp.group(1) if stamp else "", folder.stat().st_mtime), folder, summary))
+    return [(folder, summary) for _, folder, summary in sorted(found, key=lambda f: f[0])]
+
+
+def last_alpha(path: Path) -> np.ndarray | None:
+    """α per layer and head from the last diagnostics.jsonl line that has it (None without one)."""
+    last = None
+    try:
+        with open(path / "diagnostics.jsonl") as f:
+            for line in filter(str.strip, f):
+                try:
+                    record = json.loads(line)
+                except ValueError:  # a line cut short by a crash
+                    continue
+                if "alpha" in record:
+                    last = record["alpha"]
+    except OSError:
+        return None
+    return None if last is None else np.asarray(last, dtype=float)
+
+
+def describe_scope(scope: dict | None) -> str:
+    """'' for the whole validation split (or unknown), else "over N of M tokens" / "over the first N tokens"."""
+    if not scope or scope.get("whole", True):
+        return ""
+    if scope.get("split_tokens") is None:
+        return f"over the first {scope['tokens']:,} tokens of the validation split"
+    return f"over {scope['tokens']:,} of {scope['split_tokens']:,} tokens"

@@ -1,0 +1,189 @@
+"""Statistics: means with t-intervals, paired differences over seeds, the paired bootstrap over examples,
+relative changes, seed bands of curves and loss spikes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from xsa_exp.report.runs import HEADLINE, Run
+
+CONFIDENCE = 0.95
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+# A relative change is printed only when the baseline mean is at least this: below it (negative, zero or near
+# zero, as centered CORE scores of small models are) a percentage of the baseline means nothing.
+RELATIVE_MIN_BASELINE = 0.05
+# Loss spikes: after the first WARMUP_FRACTION of the run's steps, a spike starts at a step whose train/loss
+# is more than SPIKE_RISE (relative) above the lowest train/loss_smooth reached before that step; consecutive
+# such steps are one spike.
+SPIKE_RISE = 0.2
+WARMUP_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean (or difference) with its 95% interval; low and high are None when there is no interval."""
+
+    value: float
+    low: float | None
+    high: float | None
+    n: int
+
+    @property
+    def significant(self) -> str:
+        if self.low is None:
+            return "n.a."
+        return "no" if self.low <= 0 <= self.high else "yes"
+
+
+def t_quantile(p: float, df: int) -> float:
+    return float(stats.t.ppf(p, df))
+
+
+def mean_ci(values) -> Estimate:
+    """Mean and 95% t-interval over the values (no interval for one value)."""
+    x = np.asarray(values, dtype=float)
+    mean = float(x.mean())
+    if len(x) < 2:
+        return Estimate(mean, None, None, len(x))
+    half = t_quantile(0.5 + CONFIDENCE / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    return Estimate(mean, mean - half, mean + half, len(x))
+
+
+def by_seed(runs: list[Run], metric: str) -> dict[int, float]:
+    """The metric per seed (reruns of a seed averaged)."""
+    values = defaultdict(list)
+    for run in runs:
+        if metric in run.finals:
+            values[run.seed].append(run.finals[metric])
+    return {seed: float(np.mean(v)) for seed, v in values.items()}
+
+
+def seed_differences(runs: list[Run], baseline: list[Run], metric: str) -> dict[int, float]:
+    """seed -> arm − baseline, for the seeds both have."""
+    arm, base = by_seed(runs, metric), by_seed(baseline, metric)
+    return {s: arm[s] - base[s] for s in sorted(arm.keys() & base.keys())}
+
+
+def paired_difference(runs: list[Run], baseline: list[Run], metric: str) -> Estimate | None:
+    """Mean ± CI of (arm − baseline) over the seeds both have."""
+    diffs = seed_differences(runs, baseline, metric)
+    return mean_ci(list(diffs.values())) if diffs else None
+
+
+def interaction(first: dict[int, float], second: dict[int, float]) -> Estimate | None:
+    """Mean ± CI over the seeds both have of first[seed] − second[seed] (a difference of paired differences)."""
+    shared = sorted(first.keys() & second.keys())
+    return mean_ci([first[s] - second[s] for s in shared]) if shared else None
+
+
+def relative_change(diff: float, base: float) -> float | None:
+    """100 · diff / base in %, or None (printed "n/a") unless base ≥ RELATIVE_MIN_BASELINE."""
+    if not (math.isfinite(base) and math.isfinite(diff)) or base < RELATIVE_MIN_BASELINE:
+        return None
+    return 100 * diff / base
+
+
+def band(runs: list[Run], column: str) -> pd.DataFrame:
+    """A column of metrics.csv over the runs, per step: step, tokens (mean tokens_seen), mean, low (min over
+    the runs), high (max) and n (runs that logged a finite value at that step)."""
+    frames = [run.rows(column).reindex(columns=["step", "tokens_seen", column]) for run in runs]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=["step", "tokens", "mean", "low", "high", "n"])
+    long = pd.concat(frames).replace([np.inf, -np.inf], np.nan)
+    group = long.groupby("step")
+    return pd.DataFrame({"tokens": group["tokens_seen"].mean(), "mean": group[column].mean(),
+                         "low": group[column].min(), "high": group[column].max(),
+                         "n": group[column].count()}).reset_index()
+
+
+def count_spikes(steps, loss, smooth, warmup_steps: float) -> int:
+    """Loss spikes (see SPIKE_RISE): steps after warmup_steps where loss > (1 + SPIKE_RISE) × the lowest smoothed
+    loss of the earlier steps, consecutive ones counted once. Non-finite losses are divergence, not spikes."""
+    lowest, spikes, in_spike = math.inf, 0, False
+    for step, raw, smoothed in zip(steps, loss, smooth):
+        rising = step > warmup_steps and math.isfinite(raw) and raw > (1 + SPIKE_RISE) * lowest
+        spikes += rising and not in_spike
+        in_spike = rising
+        if math.isfinite(smoothed):
+            lowest = min(lowest, smoothed)
+    return int(spikes)
+
+
+def run_spikes(run: Run) -> int:
+    rows = run.rows("train/loss")
+    if rows.empty or "train/loss_smooth" not in rows:
+        return 0
+    return count_spikes(rows["step"], rows["train/loss"], rows["train/loss_smooth"], WARMUP_FRACTION * run.max_steps)
+
+
+# -----------------------------------------------------------------------------
+# The paired bootstrap over (Chat)CORE examples
+
+# Per-example results of each aggregate: files, the tasks file's task column, and its baseline as a fraction
+# (CORE's tasks file keeps the bundle's percent).
+EXAMPLE_FILES = {
+    "CORE": ("core_examples.jsonl", "core_tasks.csv", "label", lambda row: float(row["random_baseline"]) / 100),
+    "ChatCORE": ("chatcore_examples.jsonl", "chatcore_tasks.csv", "task", lambda row: float(row["baseline"])),
+}
+
+
+def aggregate_of(metric: str) -> str | None:
+    """"CORE" or "ChatCORE" for their headline metrics (also "CORE 18/22", "ChatCORE 4/5"), else None."""
+    match = HEADLINE.fullmatch(metric)
+    return None if match is None else ("ChatCORE" if match.group(1) else "CORE")
+
+
+def example_answers(folder: Path, aggregate: str) -> tuple[dict[tuple[str, int], bool], dict[str, float]] | None:
+    """(task, index) -> correct from the evaluation's examples file, and task -> baseline (fraction)."""
+    examples, tasks, task_column, baseline = EXAMPLE_FILES[aggregate]
+    if not (folder / examples).is_file() or not (folder / tasks).is_file():
+        return None
+    with open(folder / examples) as f:
+        answers = {(e["task"], e["index"]): bool(e["correct"]) for e in map(json.loads, filter(str.strip, f))}
+    with open(folder / tasks, newline="") as f:
+        baselines = {row[task_column]: baseline(row) for row in csv.DictReader(f)}
+    return answers, baselines
+
+
+def bootstrap_examples(pairs: list[tuple[Path, Path]], aggregate: str, resamples: int = BOOTSTRAP_RESAMPLES,
+                       seed: int = BOOTSTRAP_SEED) -> Estimate | None:
+    """Paired bootstrap of a CORE or ChatCORE difference (arm − baseline) over its examples.
+
+    pairs: (arm eval folder, baseline eval folder) for each shared seed. The difference is the mean over
+    tasks of the centered accuracy difference, averaged over the pairs, on the examples (task + index)
+    that every folder answered; examples are resampled within tasks, the same draw for every pair."""
+    loaded = [(example_answers(a, aggregate), example_answers(b, aggregate)) for a, b in pairs]
+    if not loaded or any(a is None or b is None for a, b in loaded):
+        return None
+    baselines = loaded[0][0][1]
+    by_task = defaultdict(list)
+    for task, index in sorted(set.intersection(*(set(a[0]) & set(b[0]) for a, b in loaded))):
+        if task in baselines:
+            by_task[task].append(index)
+    if not by_task:
+        return None
+    rng = np.random.default_rng(seed)
+    observed, draws, n_examples = 0.0, np.zeros(resamples), 0
+    for task, index in by_task.items():
+        # Per example: the correctness difference, averaged over the seed pairs.
+        diff = np.mean([[a[0][task, i] - b[0][task, i] for i in index] for a, b in loaded], axis=0)
+        scale = 1 - baselines[task]  # centered accuracy = (acc - b) / (1 - b)
+        # A resample's mean depends only on how often each distinct value is drawn, so drawing those counts
+        # (multinomial) is the same bootstrap as drawing examples, without a resamples x examples array.
+        values, counts = np.unique(diff, return_counts=True)
+        draws += rng.multinomial(len(diff), counts / len(diff), size=resamples) @ values / len(diff) / scale
+        observed += diff.mean() / scale
+        n_examples += len(diff)
+    low, high = np.percentile(draws / len(by_task), [2.5, 97.5])
+    return Estimate(observed / len(by_task), float(low), float(high), n_examples)
