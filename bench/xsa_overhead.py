@@ -1,6 +1,7 @@
 """XSA step-time overhead, and the Lightning framework's overhead over a bare PyTorch loop.
 
     python bench/xsa_overhead.py --mode cpu          # tiny and d12 widths, short sequences
+    python bench/xsa_overhead.py --mode cpu --precision bf16-mixed   # the same under CPU bf16 autocast
     python bench/xsa_overhead.py --mode gpu          # d12 and d24 at seq 2048, bf16, torch.compile, MFU
 
 XSA: full training steps (forward, backward, MuonAdamW step) for alpha = 0 (standard attention),
@@ -87,12 +88,13 @@ def bootstrap_median_ci(ratios: list[float], n: int = 2000, seed: int = 0) -> tu
     return medians[int(0.025 * n)], medians[int(0.975 * n) - 1]
 
 
-def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, compile_model: bool, warmup: int, repeats: int):
+def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, compile_model: bool, warmup: int, repeats: int,
+                 bf16: bool):
     arms = {name: build(shape + extra, device, compile_model) for name, extra in ARMS.items()}
     cfg = next(iter(arms.values()))[0]
     batch = torch.randint(0, cfg.model.vocab_size, (batch_size, cfg.model.sequence_len + 1), device=device,
                           generator=torch.Generator(device=device).manual_seed(0))
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else nullcontext
+    autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if bf16 else nullcontext
     times = {name: [] for name in arms}
     peak = {}
     for name, (_, model, opt, sched) in arms.items():
@@ -118,7 +120,7 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
     fpt = flops_per_token(arms["alpha=0"][1])
     print(f"\n{label}: n_layer={cfg.model.n_layer} n_embd={cfg.model.n_embd} n_head={cfg.model.n_head} "
           f"seq={cfg.model.sequence_len} batch={batch_size} vocab={cfg.model.vocab_size} device={device} "
-          f"compile={compile_model} repeats={repeats} (after {warmup} warm-up steps per arm)")
+          f"compile={compile_model} {'bf16 autocast' if bf16 else 'fp32'} repeats={repeats} (after {warmup} warm-up steps per arm)")
     print(f"{'arm':<11}{'median step ms':>15}{'tokens/s':>11}{'ratio to alpha=0 [95% CI]':>32}"
           + (f"{'peak GiB':>10}{'MFU':>7}" if device == "cuda" else ""))
     for name in names:
@@ -131,18 +133,18 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
         print(line)
     if device == "cpu":
         print(f"process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB (all arms)")
-    op_ms = xsa_op_time(cfg, batch_size, device) * cfg.model.n_layer * 1e3
+    op_ms = xsa_op_time(cfg, batch_size, device, bf16) * cfg.model.n_layer * 1e3
     print(f"XSA op alone, forward + backward over {cfg.model.n_layer} layers: {op_ms:.2f} ms = "
           f"{op_ms / (statistics.median(base) * 1e3):.2%} of the median alpha=0 step")
 
 
-def xsa_op_time(cfg, batch_size: int, device: str, reps: int = 50) -> float:
+def xsa_op_time(cfg, batch_size: int, device: str, bf16: bool, reps: int = 50) -> float:
     """Median time of the XSA op's forward and backward on one layer's (B, H, T, D) tensors: a low-noise
     lower bound on what XSA adds to a step (whole-step ratios carry the machine's step-to-step noise)."""
     from xsa_exp.model import exclusive_self_attention
 
     shape = (batch_size, cfg.model.n_head, cfg.model.sequence_len, cfg.model.n_embd // cfg.model.n_head)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = torch.bfloat16 if bf16 else torch.float32
     y = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
     v = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn(shape, device=device, dtype=dtype)
@@ -212,6 +214,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true",
+                        help="CPU mode: fp32, or bf16 autocast as trainer.precision=bf16-mixed (GPU mode is always bf16)")
     parser.add_argument("--parts", nargs="+", choices=["tiny", "d12", "lightning"], default=["tiny", "d12", "lightning"],
                         help="CPU mode: which measurements to run")
     parser.add_argument("--blocks", type=int, default=5, help="CPU mode: Lightning vs bare loop blocks of 20 steps each")
@@ -225,17 +229,18 @@ def main() -> None:
         # flush them in bf16 matmuls anyway.)
         torch.set_flush_denormal(not args.keep_denormals)
         repeats = args.repeats or 30
+        bf16 = args.precision == "bf16-mixed"
         if "tiny" in args.parts:
-            xsa_overhead("tiny width", ["depth=tiny", "model.sequence_len=128"], 8, "cpu", False, 3, repeats)
+            xsa_overhead("tiny width", ["depth=tiny", "model.sequence_len=128"], 8, "cpu", False, 3, repeats, bf16)
         if "d12" in args.parts:
             xsa_overhead("d12 width", ["depth=d12", "model.n_layer=2", "model.sequence_len=128", "model.vocab_size=8192"],
-                         4, "cpu", False, 2, repeats)
+                         4, "cpu", False, 2, repeats, bf16)
         if "lightning" in args.parts:
             lightning_overhead(["depth=tiny", "model.sequence_len=128"], 8, block=20, blocks=args.blocks)
     else:
         repeats = args.repeats or 20
-        xsa_overhead("d12", ["depth=d12"], 16, "cuda", True, 5, repeats)
-        xsa_overhead("d24", ["depth=d24"], 8, "cuda", True, 5, repeats)
+        xsa_overhead("d12", ["depth=d12"], 16, "cuda", True, 5, repeats, True)
+        xsa_overhead("d24", ["depth=d24"], 8, "cuda", True, 5, repeats, True)
 
 
 if __name__ == "__main__":
