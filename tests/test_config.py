@@ -63,7 +63,7 @@ def test_bad_values_raise_one_line_naming_the_key(override, message):
 
 def test_core_during_training_needs_a_bundle(tmp_path):
     with pytest.raises(ConfigError, match="eval.core_every=2000 needs the CORE eval bundle, not found at"):
-        validate(compose_config("depth=d12", f"eval.bundle_dir={tmp_path}"))
+        validate(compose_config("depth=d12", "model.vocab_size=4096", f"eval.bundle_dir={tmp_path}"))
 
 
 def test_missing_package_is_named(monkeypatch):

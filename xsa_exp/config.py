@@ -141,9 +141,9 @@ def allowed(leaf_type, meta: typing.Mapping) -> str:
     """What a key accepts, in words: its type and its bounds or choices."""
     if "choices" in meta:
         return ", ".join(fmt(c) if not isinstance(c, str) else c for c in meta["choices"])
+    if "accepts" in meta:
+        return meta["accepts"]
     text = type_name(leaf_type).replace("bool", "true or false")
-    if typing.get_origin(_optional(leaf_type)[0]) is None and _optional(leaf_type)[0] is typing.Any:
-        text = meta.get("help", "any")
     return f"{text} {bounds(meta)}".strip()
 
 
@@ -232,7 +232,7 @@ def validate(cfg: DictConfig) -> None:
         layers = list(layers)
     if (isinstance(layers, bool) or not isinstance(layers, (str, int, list))
             or isinstance(layers, list) and not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)):
-        raise ConfigError(f"xsa.layers={fmt(x.layers)} is not a layer selection; allowed: {schema_help('xsa', 'layers')}")
+        raise ConfigError(f"xsa.layers={fmt(x.layers)} is not a layer selection; allowed: {schema_meta('xsa', 'layers')['accepts']}")
     try:
         resolve_layers(layers, m.n_layer, value_embedding_layers(m.n_layer, m.value_embeds))
     except ValueError as e:
@@ -244,7 +244,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("optim.schedule.warmup_frac + warmdown_frac exceeds 1; shorten one of them")
     devices = cfg.trainer.devices
     if not (devices in ("auto", -1) or isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1):
-        raise ConfigError(f"trainer.devices={fmt(devices)} is not a device count; allowed: an integer >= 1, auto or -1 (all)")
+        raise ConfigError(f"trainer.devices={fmt(devices)} is not a device count; allowed: {schema_meta('trainer', 'devices')['accepts']}")
     if cfg.eval.core_every > 0:
         from xsa_exp.eval.core import resolve_bundle_dir
 
@@ -284,14 +284,13 @@ def validate_evaluate(cfg: DictConfig) -> None:
         raise ConfigError(f"eval.metrics={metrics} has unknown entries {unknown}; allowed: {', '.join(KNOWN_METRICS)}"
                           if metrics else f"eval.metrics=[] is empty; allowed: any of {', '.join(KNOWN_METRICS)}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
-        raise ConfigError(f"device={fmt(cfg.device)} is not an option; allowed: auto, cpu, cuda, cuda:N")
+        raise ConfigError(f"device={fmt(cfg.device)} is not an option; allowed: {schema_meta('device', cls=schema.EvaluateConfig)['accepts']}")
 
 
-def schema_help(*path: str) -> str:
-    cls = schema.TrainConfig
+def schema_meta(*path: str, cls=schema.TrainConfig) -> typing.Mapping:
     for name in path[:-1]:
         cls = typing.get_type_hints(cls)[name]
-    return next(f.metadata["help"] for f in dataclasses.fields(cls) if f.name == path[-1])
+    return next(f.metadata for f in dataclasses.fields(cls) if f.name == path[-1])
 
 
 def check_stage(cfg: DictConfig) -> None:
@@ -439,6 +438,25 @@ def preflight(config_name: str, argv: list[str], conf_dir: Path) -> list[DictCon
     return runs
 
 
+def check_overrides(config_name: str, base: DictConfig, overrides: list[str]) -> DictConfig:
+    """What preflight() does for `key=value` overrides, applied to a config already composed (as Hydra
+    applies them after composing the groups) and then validated; ConfigError on the first problem.
+    The same code path without recomposing the groups each time, for checks of many values (tests)."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    cfg = copy.deepcopy(base)
+    try:
+        ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides(overrides), cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(composition_error(e, overrides, lambda rest: base)) from None
+    (validate if config_name == "train" else validate_evaluate)(cfg)
+    return cfg
+
+
 def _devices_known(cfg: DictConfig) -> bool:
     devices = cfg.trainer.devices
     return devices in ("auto", -1) or isinstance(devices, int) and not isinstance(devices, bool)
@@ -451,3 +469,64 @@ def check_command_line(config_name: str, conf_dir: Path, argv: list[str] | None 
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+# ---------------------------------------------------------------- the README's table of keys
+
+DOC_CONFIGS = [  # (heading, config name, overrides): together they hold every key of the schema
+    ("`python train.py` (defaults: depth=tiny, xsa=full, optim=muon, data=sample, trainer=default, logger=wandb)", "train", []),
+    ("`data=climbmix`", "train", ["data=climbmix"]),
+    ("`data=local`", "train", ["data=local"]),
+    ("`data=sft` (with `stage=sft`)", "train", ["stage=sft"]),
+    ("`python evaluate.py`", "evaluate", []),
+]
+README_BEGIN = "<!-- keys: generated by `python -m xsa_exp.config --markdown` from xsa_exp/schema.py; a test checks it -->"
+README_END = "<!-- end of generated keys -->"
+
+
+def doc_default(leaf: Leaf) -> str:
+    node = leaf.node._get_node(leaf.name)
+    if OmegaConf.is_missing(leaf.node, leaf.name):
+        return "required"
+    if node._is_interpolation():
+        return f"`{node._value()}`"
+    value = leaf.node[leaf.name]
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value)
+    if isinstance(value, str):
+        return f"`{value}`"
+    return f"`{fmt(value) if not isinstance(value, (list, dict)) else value}`"
+
+
+def markdown(conf_dir: Path) -> str:
+    """The README's list of keys: every leaf of the schema with its type, default, allowed values and use."""
+    from hydra import compose, initialize_config_dir
+
+    out, seen = [README_BEGIN], set()
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        for heading, config_name, overrides in DOC_CONFIGS:
+            rows = []
+            for leaf in leaves(compose(config_name, overrides)):
+                parts = leaf.key.split(".")
+                if parts[0] == "data" and parts[1] in ("train_sources", "val_sources"):
+                    parts[2] = "<name>"
+                key = ".".join(parts)
+                scope = heading if parts[0] == "data" else config_name
+                if (scope, key) in seen or (config_name == "train" and heading != DOC_CONFIGS[0][0] and parts[0] != "data"):
+                    continue
+                seen.add((scope, key))
+                default = "" if "<name>" in key else doc_default(leaf)
+                limits = allowed(leaf.type, leaf.meta) if {"choices", "accepts"} & set(leaf.meta) else bounds(leaf.meta)
+                cells = [f"`{key}`", type_name(leaf.type), default, limits, leaf.meta.get("help", "")]
+                rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+            out += ["", f"{heading}:", "", "| key | type | default | allowed | what |", "|---|---|---|---|---|", *rows]
+    return "\n".join([*out, "", README_END]) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--markdown"]:
+        import xsa_exp  # noqa: F401
+
+        sys.stdout.write(markdown(Path(__file__).resolve().parents[1] / "conf"))
+    else:
+        sys.exit("usage: python -m xsa_exp.config --markdown   (the README's table of configuration keys)")

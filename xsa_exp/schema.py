@@ -12,6 +12,7 @@ the README's "Configuration" table (`python -m xsa_exp.config --markdown`):
   choices  the allowed values of a string key
   ge/gt/le/lt  bounds of a number (None, where the key is Optional, is always allowed)
   hint     what to do instead, appended to the error
+  accepts  what a key typed Any (or a string with a pattern) accepts, in words
   missing  the error when a required key (???) is not set
 Keys typed Any accept more than one type (xsa.layers: str | int | list[int]; trainer.devices:
 int | "auto"); xsa_exp.config.validate() checks them by hand, as it does every combination of keys
@@ -69,7 +70,8 @@ class XSAConfig:
                                choices=("sigmoid", "tanh"))
     value_source: str = key("mixed", "v after value-embedding mixing (mixed) or before (plain)", choices=("mixed", "plain"))
     # Any: a selection string, one layer index or a list of them; checked by resolve_layers in validate().
-    layers: Any = key("all", "all | none | [i, j, ...] | first:K | last:K | every:N | ve | non_ve (str, int or list of int)")
+    layers: Any = key("all", "the layers XSA applies to", accepts="all, none, first:K, last:K, every:N, ve (layers with value "
+                      "embeddings), non_ve, a layer index or a list of them")
     eps: float = key(1e-6, "the floor on |v_i|^2 that keeps v_i = 0 finite", gt=0,
                      hint="it is the floor on |v_i|^2 that keeps v_i = 0 finite")
 
@@ -178,14 +180,14 @@ class SftDataConfig(DataConfig):
     name: str = key("sft", "the SFT chat mixture (stage=sft)", choices=("sft",))
     train_sources: Dict[str, ChatSourceConfig] = key(help="training sources by name", factory=dict)
     val_sources: Dict[str, ChatSourceConfig] = key(help="validation sources by name", factory=dict)
-    gsm8k_tool_calls: bool = key(False, "GSM8K's <<expression=value>> notes as calculator tool calls")
+    gsm8k_tool_calls: bool = key(False, "GSM8K's calculator notes as tool calls (evaluate with chatcore.tool_use)")
 
 
 @dataclass
 class TrainerConfig:
     accelerator: str = key("auto", "Lightning accelerator", choices=("auto", "cpu", "gpu", "cuda", "mps"))
     # Any: a device count or "auto" (also -1: all); checked in validate().
-    devices: Any = key(1, "devices per node: a count >= 1, auto or -1 (all)")
+    devices: Any = key(1, "devices per node", accepts="an integer >= 1, auto or -1 (all)")
     num_nodes: int = key(1, "nodes", ge=1)
     precision: str = key("auto", "auto = bf16-mixed on CUDA, 32-true on CPU", choices=PRECISIONS)
     strategy: str = key("auto", "Lightning strategy", choices=("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true",
@@ -296,7 +298,7 @@ class EvaluateEvalConfig:
 class EvaluateConfig:
     run: str = key(MISSING, "the run directory or checkpoint to evaluate",
                    missing="evaluate.py needs run=<run directory or checkpoint>")
-    device: str = key("auto", "auto (cuda when available) | cpu | cuda | cuda:N")
+    device: str = key("auto", "the device to evaluate on; auto = cuda when available", accepts="auto, cpu, cuda, cuda:N")
     wandb: bool = key(False, "also log the summary to a wandb run in the training run's project and group")
     eval: EvaluateEvalConfig = field(default_factory=EvaluateEvalConfig)
 
