@@ -503,6 +503,12 @@ def markdown(conf_dir: Path) -> str:
     from hydra import compose, initialize_config_dir
 
     out, seen = [README_BEGIN], set()
+    # Keys a depth preset sets show no value, so that tuning a preset leaves this list as it is.
+    by_depth = set()
+    for preset in (conf_dir / "depth").glob("*.yaml"):
+        container = OmegaConf.to_container(OmegaConf.load(preset))
+        by_depth |= {f"{section}.{k}" for section, keys in container.items() if isinstance(keys, dict) for k in keys}
+        by_depth |= {k for k, v in container.items() if not isinstance(v, dict)}
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         for heading, config_name, overrides in DOC_CONFIGS:
             rows = []
@@ -515,7 +521,8 @@ def markdown(conf_dir: Path) -> str:
                 if (scope, key) in seen or (config_name == "train" and heading != DOC_CONFIGS[0][0] and parts[0] != "data"):
                     continue
                 seen.add((scope, key))
-                default = "" if "<name>" in key else doc_default(leaf)
+                preset = config_name == "train" and key in by_depth
+                default = "" if "<name>" in key else "`depth=` preset" if preset else doc_default(leaf)
                 limits = allowed(leaf.type, leaf.meta) if {"choices", "accepts"} & set(leaf.meta) else bounds(leaf.meta)
                 cells = [f"`{key}`", type_name(leaf.type), default, limits, leaf.meta.get("help", "")]
                 rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
