@@ -1,9 +1,14 @@
 """Evaluate a trained run: python evaluate.py run=<run dir or checkpoint> [eval.metrics=[bpb,core,diagnostics,chatcore]]. See README."""
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
+
+from xsa_exp.config import check_command_line
+
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
@@ -18,4 +23,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line("evaluate", CONF_DIR)  # every key, before anything is loaded
     main()

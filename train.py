@@ -1,6 +1,5 @@
 """Train one model: python train.py [depth=d12] [xsa.alpha=0] [...]; -m for sweeps. See README."""
 
-import sys
 from pathlib import Path
 
 import hydra
@@ -8,7 +7,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
-from xsa_exp.config import check_group_options
+from xsa_exp.config import check_command_line
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
@@ -25,5 +24,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_group_options(sys.argv[1:], CONF_DIR)
+    check_command_line("train", CONF_DIR)  # every key and sweep job, before Hydra creates anything
     main()

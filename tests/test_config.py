@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, REPO, compose_config
-from xsa_exp.config import ConfigError, validate
+from xsa_exp.config import SAMPLE_CORPUS_MAX_VOCAB, ConfigError, validate
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
 
@@ -26,6 +26,8 @@ def test_every_config_group_option_composes_and_validates(group, option, tmp_pat
         (base / "checkpoints" / "final.ckpt").touch()
         (base / "config.yaml").write_text(OmegaConf.to_yaml(compose_config(), resolve=True))
         extra = ["stage=sft", f"init_from={base}"]
+    if group == "depth" and compose_config(f"depth={option}").model.vocab_size > SAMPLE_CORPUS_MAX_VOCAB:
+        extra = ["data=climbmix"]  # the study's vocabulary is more than the embedded corpus can learn
     cfg = compose_config(f"{group}={option}", f"eval.bundle_dir={tmp_path}", *extra)
     validate(cfg)
     assert cfg.model.n_embd % cfg.model.n_head == 0
@@ -61,7 +63,7 @@ def test_bad_values_raise_one_line_naming_the_key(override, message):
 
 def test_core_during_training_needs_a_bundle(tmp_path):
     with pytest.raises(ConfigError, match="eval.core_every=2000 needs the CORE eval bundle, not found at"):
-        validate(compose_config("depth=d12", f"eval.bundle_dir={tmp_path}"))
+        validate(compose_config("depth=d12", "model.vocab_size=4096", f"eval.bundle_dir={tmp_path}"))
 
 
 def test_missing_package_is_named(monkeypatch):
@@ -84,7 +86,7 @@ def run_train(*args, tmp_path):
     (["xsa.alpha=2"], "config error: xsa.alpha=2 is outside [0, 1]"),
     (["xsa.layers=[7]"], "config error: xsa.layers: layer 7 is out of range; use indices in 0..3"),
     (["model.n_head=3"], "config error: model.n_embd=128 is not divisible by model.n_head=3"),
-    (["depth=d13"], "config error: depth=d13 is not an option; allowed: d12, d24, tiny"),
+    (["depth=d13"], "config error: depth=d13 is not an option; allowed: d12, d24, l2_w128"),
     (["-m", "xsa=full,half"], "config error: xsa=half is not an option; allowed: full, learnable, off"),
     (["-m", "trainer=cpu", "trainer.devices=2", "seed=1,2"], "config error: multi-device training inside a local Hydra sweep"),
 ])

