@@ -86,7 +86,7 @@ def run_train(*args, tmp_path):
     (["xsa.alpha=2"], "config error: xsa.alpha=2 is outside [0, 1]"),
     (["xsa.layers=[7]"], "config error: xsa.layers: layer 7 is out of range; use indices in 0..3"),
     (["model.n_head=3"], "config error: model.n_embd=128 is not divisible by model.n_head=3"),
-    (["depth=d13"], "config error: depth=d13 is not an option; allowed: d12, d24, l2_w128"),
+    (["depth=d13"], "config error: depth=d13 is not an option; allowed: d12, d24, l1_w64, l2_w128"),
     (["-m", "xsa=full,half"], "config error: xsa=half is not an option; allowed: full, learnable, off"),
     (["-m", "trainer=cpu", "trainer.devices=2", "seed=1,2"], "config error: multi-device training inside a local Hydra sweep"),
 ])
