@@ -162,7 +162,8 @@ class CausalSelfAttention(nn.Module):
         """The alpha each head applies now, (H,) fp32 on CPU: 0 where XSA is off in this layer."""
         if not self.xsa_on:
             return torch.zeros(self.n_head)
-        return torch.as_tensor(self.alpha(), dtype=torch.float32).detach().float().cpu().reshape(-1).expand(self.n_head).clone()
+        alpha = self.alpha()
+        return torch.full((self.n_head,), alpha) if isinstance(alpha, float) else alpha.detach().float().cpu().flatten()
 
     def forward(self, x: torch.Tensor, ve: torch.Tensor | None, cos_sin, kv_cache: KVCache | None = None) -> torch.Tensor:
         """cos_sin: rotary tables already sliced to the positions of x. With kv_cache, x holds the
