@@ -191,10 +191,10 @@ def test_bf16_mixed_on_cpu_lowers_the_loss_and_keeps_xsa_orthogonal(small_cfg, t
 
 
 def test_learnable_alpha_is_logged_as_the_model_has_it(small_cfg, tmp_path):
-    from xsa_exp.checkpoints import load_run
+    from xsa_exp.run_dir import load_trained
 
     run_dir = train(small_cfg("xsa=learnable", "optim.lr.xsa_theta=0.5", "eval.diag_every=3"), tmp_path / "run")
-    alphas = load_run(run_dir).model.xsa_alphas()
+    alphas = load_trained(run_dir).model.xsa_alphas()
     assert ((alphas > 0) & (alphas < 1)).all() and not torch.allclose(alphas, torch.full_like(alphas, 0.5))
     last = json.loads((run_dir / "diagnostics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 6

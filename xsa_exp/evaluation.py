@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -20,13 +19,15 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
-from xsa_exp.checkpoints import RunError, load_run
 from xsa_exp.data.datamodule import TextDataModule, describe_val_scope
 from xsa_exp.data.sources import DataError
 from xsa_exp.eval.bpb import evaluate_bpb
 from xsa_exp.eval.chat import evaluate_chat
-from xsa_exp.eval.core import BundleError, evaluate_core, resolve_bundle_dir
+from xsa_exp.eval.bundle import BundleError, require_bundle, resolve_bundle_dir
+from xsa_exp.eval.core import evaluate_core
 from xsa_exp.eval.diagnostics import METRICS as DIAGNOSTICS, attention_diagnostics
+from xsa_exp.run_dir import (TOKENIZER, LoadedRun, RunError, eval_summary, load_trained, new_eval_dir, trained_precision,
+                             write_summary)
 
 KNOWN_METRICS = ("bpb", "core", "diagnostics", "chatcore")
 
@@ -42,27 +43,28 @@ def evaluate(cfg: DictConfig) -> Path:
     if unknown or not metrics:
         raise EvaluationError(f"eval.metrics={metrics} has unknown entries {unknown}; allowed: {', '.join(KNOWN_METRICS)}")
     try:
-        run = load_run(cfg.run)
+        run = load_trained(cfg.run)
     except RunError as e:
         raise EvaluationError(str(e)) from None
-    bundle = resolve_bundle_dir(options.bundle_dir)
-    if "core" in metrics and not (bundle / "core.yaml").is_file():
-        raise EvaluationError(f"CORE needs the eval bundle, not found at {bundle}; run `python -m xsa_exp.eval.core download`, "
-                              "set eval.bundle_dir or $XSA_EXP_EVAL_BUNDLE, or drop core from eval.metrics")
+    try:
+        # ChatCORE reads some of its tasks from the bundle too, but runs (with those listed as missing) without it.
+        bundle = require_bundle(options.bundle_dir, "CORE", "drop core from eval.metrics") if "core" in metrics \
+            else resolve_bundle_dir(options.bundle_dir)
+    except BundleError as e:
+        raise EvaluationError(str(e)) from None
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
     model = run.model.to(device)
-    precision = options.precision or trained_precision(run)
+    precision = options.precision or trained_precision(run.run_dir)
     autocast = forward_context(precision, device)
-    out_dir = new_directory(run.run_dir / "eval" / f"{run.checkpoint.stem}-step{run.step}-{time.strftime('%Y%m%d-%H%M%S')}")
-    summary: dict = {"run": str(run.run_dir), "checkpoint": str(run.checkpoint), "step": run.step, "precision": precision,
-                     "metrics": {}}
+    out_dir = new_eval_dir(run.run_dir, run.checkpoint, run.step)
+    summary = eval_summary(run=run.run_dir, checkpoint=run.checkpoint, step=run.step, precision=precision, metrics={})
     c = run.config
 
     data = None
     if "bpb" in metrics or "diagnostics" in metrics:
         data = TextDataModule(c.data, c.model.sequence_len, c.model.vocab_size, c.train.device_batch_size, c.seed,
-                              c.cache_dir, tokenizer_dir=run.run_dir / "tokenizer")
+                              c.cache_dir, tokenizer_dir=run.run_dir / TOKENIZER)
         data.setup("validate")
     if "bpb" in metrics:
         val_tokens = options.val_tokens or c.eval.get("val_tokens")
@@ -92,17 +94,11 @@ def evaluate(cfg: DictConfig) -> Path:
         summary["metrics"].update(chat_metrics)
         if sandbox:
             summary["sandbox"] = sandbox
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_summary(out_dir, summary)
     print_table(summary, out_dir)
     if cfg.wandb:
         log_to_wandb(c, run, summary)
     return out_dir
-
-
-def trained_precision(run) -> str:
-    """The precision the run trained with (run.json), so evaluation reproduces its logged numbers."""
-    run_file = run.run_dir / "run.json"
-    return json.loads(run_file.read_text())["precision"] if run_file.is_file() else "32-true"
 
 
 def forward_context(precision: str, device: torch.device):
@@ -114,7 +110,7 @@ def forward_context(precision: str, device: torch.device):
     raise EvaluationError(f"eval.precision={precision} is not supported for evaluation; use 32-true, bf16-mixed or 16-mixed")
 
 
-def chatcore(run, cfg: DictConfig, bundle: Path, out_dir: Path) -> tuple[dict[str, float], str | None]:
+def chatcore(run: LoadedRun, cfg: DictConfig, bundle: Path, out_dir: Path) -> tuple[dict[str, float], str | None]:
     """ChatCORE (or "ChatCORE k/5") and per-task accuracies, and the sandbox mode HumanEval ran in (None
     without HumanEval); tasks without data are named, not fatal."""
     c = run.config
@@ -143,19 +139,6 @@ def chatcore(run, cfg: DictConfig, bundle: Path, out_dir: Path) -> tuple[dict[st
     return {result.name: result.score, **{f"chat/{t.task}": t.accuracy for t in result.tasks.values()}}, result.sandbox
 
 
-def new_directory(path: Path) -> Path:
-    """Create path, or path-2, path-3, ... if it exists: results never land in an existing folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    candidate, n = path, 1
-    while True:
-        try:
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            n += 1
-            candidate = path.with_name(f"{path.name}-{n}")
-
-
 def write_csv(path: Path, rows: list[dict]) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -177,7 +160,7 @@ def print_table(summary: dict, out_dir: Path) -> None:
     print(f"results: {out_dir}")
 
 
-def log_to_wandb(config: DictConfig, run, summary: dict) -> None:
+def log_to_wandb(config: DictConfig, run: LoadedRun, summary: dict) -> None:
     import wandb
 
     w = config.logger.wandb or {"project": "xsa-exp", "group": None}
