@@ -12,7 +12,7 @@ import torch
 
 from tests.conftest import REPO, SMALL, compose_config
 from xsa_exp.run_dir import RunError, load_trained
-from xsa_exp.evaluation import EvaluationError, evaluate
+from xsa_exp.evaluate_run import EvaluationError, evaluate
 from xsa_exp.training import train
 
 pytestmark = pytest.mark.slow

@@ -149,10 +149,10 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
         model.compile()
     loggers = build_loggers(cfg, run_dir, summary)
     callbacks = build_callbacks(cfg, run_dir)
+    # conf/trainer/ is passed to the Trainer as it is (precision "auto" resolved above); the rest is the run's.
     trainer = L.Trainer(
-        accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
-        strategy=cfg.trainer.strategy,
-        precision=run["precision"], max_steps=max_steps, accumulate_grad_batches=run["grad_accumulation"],
+        **{**OmegaConf.to_container(cfg.trainer, resolve=True), "precision": run["precision"]},
+        max_steps=max_steps, accumulate_grad_batches=run["grad_accumulation"],
         gradient_clip_val=cfg.train.grad_clip or None, logger=loggers, callbacks=callbacks,
         limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=cfg.train.checkpoint_every > 0,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(run_dir))

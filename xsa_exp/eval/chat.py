@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from xsa_exp.data.chat import render_prompt
-from xsa_exp.data.sft import LETTERS, load_rows, multiple_choice_prompt
+from xsa_exp.data.conversations import LETTERS, multiple_choice_prompt
+from xsa_exp.data.sft import load_rows
 from xsa_exp.data.sources import DataError
 from xsa_exp.data.tokenizer import Tokenizer
 from xsa_exp.eval.bundle import check_fields, data_path, read_examples
