@@ -28,7 +28,9 @@ def test_every_config_group_option_composes_and_validates(group, option, tmp_pat
         extra = ["stage=sft", f"init_from={base}"]
     cfg = compose_config(f"{group}={option}", f"eval.bundle_dir={tmp_path}", *extra)
     validate(cfg)
-    assert cfg.model.n_embd % cfg.model.n_head == 0
+    # and validate does check the option's model against its rules (7 divides none of the presets' widths)
+    with pytest.raises(ConfigError, match="n_head"):
+        validate(compose_config(f"{group}={option}", f"eval.bundle_dir={tmp_path}", *extra, "model.n_head=7"))
 
 
 def test_depth_presets_have_the_study_sizes():
@@ -84,7 +86,7 @@ def run_train(*args, tmp_path):
     (["xsa.alpha=2"], "config error: xsa.alpha=2 is outside [0, 1]"),
     (["xsa.layers=[7]"], "config error: xsa.layers: layer 7 is out of range; use indices in 0..3"),
     (["model.n_head=3"], "config error: model.n_embd=128 is not divisible by model.n_head=3"),
-    (["depth=d13"], "config error: depth=d13 is not an option; allowed: d12, d24, tiny"),
+    (["depth=d13"], "config error: depth=d13 is not an option; allowed: d12, d24, l2_w128, l4_w256, l6_w384, tiny"),
     (["-m", "xsa=full,half"], "config error: xsa=half is not an option; allowed: full, learnable, off"),
     (["-m", "trainer=cpu", "trainer.devices=2", "seed=1,2"], "config error: multi-device training inside a local Hydra sweep"),
 ])

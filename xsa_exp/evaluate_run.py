@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
+from xsa_exp.console import quiet_libraries
 from xsa_exp.data.datamodule import TextDataModule, describe_val_scope
 from xsa_exp.data.sources import DataError
 from xsa_exp.eval.bpb import evaluate_bpb
@@ -37,6 +38,7 @@ class EvaluationError(Exception):
 
 
 def evaluate(cfg: DictConfig) -> Path:
+    quiet_libraries()
     options = cfg.eval
     metrics = list(options.metrics)
     unknown = [m for m in metrics if m not in KNOWN_METRICS]

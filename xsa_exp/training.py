@@ -15,9 +15,10 @@ from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
+from xsa_exp import run_dir as rd
 from xsa_exp.callbacks import (AttentionDiagnostics, CoreEvaluation, PeriodicCheckpoint, PreemptionCheckpoint,
                                TrainMetrics, ValidationBPB)
-from xsa_exp import run_dir as rd
+from xsa_exp.console import quiet_libraries, quiet_wandb_logger
 from xsa_exp.config import ConfigError, grad_accumulation, validate
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.eval.bundle import require_bundle
@@ -83,8 +84,11 @@ def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict) -> list:
         offline = "WANDB_API_KEY" not in os.environ and "WANDB_MODE" not in os.environ
         logger = WandbLogger(project=w.project, group=w.group, name=w.name or run_dir.name, tags=list(w.tags),
                              save_dir=str(run_dir), offline=offline)
+        quiet_wandb_logger(logger)
         logger.log_hyperparams({**summary, "config": OmegaConf.to_container(cfg, resolve=True)})
         loggers.append(logger)
+        if offline:
+            rank_zero_info(f"wandb: offline, logged under {run_dir / 'wandb'} (`wandb sync` uploads it)")
     return loggers
 
 
@@ -107,6 +111,7 @@ def print_start(model: GPT, cfg: DictConfig, run: dict) -> None:
 
 def train(cfg: DictConfig, run_dir: Path) -> Path:
     """Train one model as configured; returns the run directory."""
+    quiet_libraries()
     validate(cfg)
     run_dir = Path(run_dir).resolve()
     check_writable(run_dir)
