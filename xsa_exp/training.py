@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp import run_dir as rd
