@@ -40,8 +40,10 @@ def quiet_libraries() -> None:
     except ImportError:
         pass
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-    # Lightning logs these through its rank_zero loggers (ours too: the filter keeps our lines).
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    # Lightning logs these through its rank_zero loggers (ours too: the filter keeps our lines) and the
+    # checkpoint connector (weights_only).
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+                 "lightning.pytorch.trainer.connectors.checkpoint_connector"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, DropNoise) for f in logger.filters):
             logger.addFilter(DropNoise())
