@@ -13,7 +13,7 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    from xsa_exp.evaluation import EvaluationError, evaluate
+    from xsa_exp.evaluate_run import EvaluationError, evaluate
 
     try:
         evaluate(cfg)

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from xsa_exp.eval.core import evaluate_core, resolve_bundle_dir
+from xsa_exp.eval.bundle import resolve_bundle_dir
+from xsa_exp.eval.core import evaluate_core
 from xsa_exp.model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]

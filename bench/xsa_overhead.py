@@ -34,7 +34,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from xsa_exp.model import GPT, GPTConfig
-from xsa_exp.optim import WarmupConstantWarmdown, build_optimizer
+from xsa_exp.optim import MuonAdamW, WarmupConstantWarmdown, build_param_groups
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"alpha=0": ["xsa.alpha=0"], "alpha=1": ["xsa.alpha=1"], "learnable": ["xsa=learnable"]}
@@ -52,7 +52,7 @@ def build(overrides: list[str], device: str, compile_model: bool):
     model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa)).to(device)
     if compile_model:
         model.compile()
-    optimizer = build_optimizer(model, cfg.optim)
+    optimizer = MuonAdamW(build_param_groups(model, cfg.optim))
     scheduler = WarmupConstantWarmdown(optimizer, 10**6, 0.0, 0.0, 0.0, 0.85, 0.95, 300)
     return cfg, model, optimizer, scheduler
 

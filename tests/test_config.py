@@ -30,7 +30,9 @@ def test_every_config_group_option_composes_and_validates(group, option, tmp_pat
         extra = ["data=climbmix"]  # the study's vocabulary is more than the embedded corpus can learn
     cfg = compose_config(f"{group}={option}", f"eval.bundle_dir={tmp_path}", *extra)
     validate(cfg)
-    assert cfg.model.n_embd % cfg.model.n_head == 0
+    # and validate does check the option's model against its rules (7 divides none of the presets' widths)
+    with pytest.raises(ConfigError, match="n_head"):
+        validate(compose_config(f"{group}={option}", f"eval.bundle_dir={tmp_path}", *extra, "model.n_head=7"))
 
 
 def test_depth_presets_have_the_study_sizes():

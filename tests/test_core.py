@@ -13,8 +13,9 @@ import pytest
 import torch
 import yaml
 
-from xsa_exp.eval import core
-from xsa_exp.eval.core import BundleError, CoreResult, TaskResult
+from xsa_exp.eval import bundle, core
+from xsa_exp.eval.bundle import BundleError
+from xsa_exp.eval.core import CoreResult, TaskResult
 
 BOS = 256
 
@@ -166,7 +167,7 @@ def test_evaluate_core_tiny_bundle(tiny_bundle):
     assert [shape[0] for shape, _ in model.calls] == mc_batches + [2, 2] + [1, 1]
     assert not any(training for _, training in model.calls)
     assert model.training
-    json.dumps(result.to_dict())
+    json.dumps(result.examples)  # core_examples.jsonl's lines
 
 
 def test_tasks_filter_max_per_task_and_eval_mode_kept(tiny_bundle):
@@ -294,7 +295,7 @@ def test_centered_and_core_name():
     partial = CoreResult.from_tasks([_task(f"t{i}", 0.3 + 0.01 * i, 25) for i in range(18)])
     expected = sum((0.3 + 0.01 * i - 0.25) / 0.75 for i in range(18)) / 18
     assert partial.core == pytest.approx(expected)
-    assert partial.name == "CORE 18/22" and partial.to_dict()["name"] == "CORE 18/22"
+    assert partial.name == "CORE 18/22"
     assert CoreResult.from_tasks([_task(f"t{i}", 0.5, 50) for i in range(22)]).name == "CORE"
 
 
@@ -336,10 +337,10 @@ def test_missing_bundle_and_files(tmp_path, tiny_bundle):
 
 def test_resolve_bundle_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("XSA_EXP_EVAL_BUNDLE", str(tmp_path / "env"))
-    assert core.resolve_bundle_dir(str(tmp_path / "arg")) == tmp_path / "arg"
-    assert core.resolve_bundle_dir(None) == tmp_path / "env"
+    assert bundle.resolve_bundle_dir(str(tmp_path / "arg")) == tmp_path / "arg"
+    assert bundle.resolve_bundle_dir(None) == tmp_path / "env"
     monkeypatch.delenv("XSA_EXP_EVAL_BUNDLE")
-    assert core.resolve_bundle_dir(None) == Path.home() / ".cache/xsa-exp/eval_bundle"
+    assert bundle.resolve_bundle_dir(None) == Path.home() / ".cache/xsa-exp/eval_bundle"
 
 
 def test_download_offline_is_one_clear_line(monkeypatch, tmp_path):
@@ -349,7 +350,7 @@ def test_download_offline_is_one_clear_line(monkeypatch, tmp_path):
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     dest = tmp_path / "cache" / "eval_bundle"
     with pytest.raises(BundleError) as err:
-        core.download_bundle(dest)
+        bundle.download_bundle(dest)
     msg = str(err.value)
     assert "\n" not in msg and str(dest) in msg and "XSA_EXP_EVAL_BUNDLE" in msg and "could not download" in msg
     assert not dest.exists() and os.listdir(dest.parent) == []  # no partial bundle or temp file left

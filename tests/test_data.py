@@ -93,22 +93,32 @@ def test_bits_per_byte_counts_only_tokens_with_bytes():
     assert metric.compute().item() == pytest.approx((1 + 2 + 4) / (math.log(2) * (1 + 2 + 3)))
 
 
-def test_evaluate_bpb_of_a_uniform_model():
-    vocab = 8
+def test_evaluate_bpb_pairs_each_input_with_the_next_token():
+    """A model that bets on "the next token repeats this one": its loss depends on which token is paired
+    with which target, so a shift off by one (or none) gives another number than the hand computation."""
+    vocab, confidence = 8, 3.0
 
-    class Uniform(torch.nn.Module):
+    class Repeat(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.w = torch.nn.Parameter(torch.zeros(1))
 
         def forward(self, idx, targets, loss_reduction):
-            logits = torch.zeros(*idx.shape, vocab) + self.w
+            logits = confidence * torch.nn.functional.one_hot(idx, vocab).float() + self.w
             return torch.nn.functional.cross_entropy(logits.view(-1, vocab), targets.reshape(-1), reduction=loss_reduction)
 
-    token_bytes = torch.full((vocab,), 2)
-    rows = torch.randint(0, vocab, (3, 2, 5))
-    # Uniform over 8 tokens of 2 bytes each: 3 bits per token, 1.5 bits per byte.
-    assert evaluate_bpb(Uniform(), rows, token_bytes) == pytest.approx(1.5)
+    token_bytes = torch.tensor([1, 2, 3, 1, 2, 3, 1, 2])
+    rows = torch.tensor([[[0, 0, 1, 1, 2], [3, 3, 3, 4, 5]], [[6, 7, 7, 0, 0], [1, 2, 3, 4, 4]]])
+    log_z = math.log(math.exp(confidence) + vocab - 1)
+    nats = bytes_ = 0
+    for row in rows.reshape(-1, 5).tolist():
+        for current, following in zip(row[:-1], row[1:]):  # position t predicts token t + 1
+            nats += log_z - (confidence if following == current else 0.0)
+            bytes_ += int(token_bytes[following])
+    expected = nats / (math.log(2) * bytes_)
+    assert evaluate_bpb(Repeat(), rows, token_bytes) == pytest.approx(expected, rel=1e-6)
+    shifted = evaluate_bpb(Repeat(), rows[..., 1:].roll(1, -1), token_bytes)  # a misaligned pairing differs
+    assert shifted != pytest.approx(expected, rel=1e-3)
 
 
 def test_unigram_bits_per_byte_matches_hand_computation():

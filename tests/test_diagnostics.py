@@ -35,10 +35,24 @@ def test_out_self_cos_vanishes_at_alpha_one():
     assert diag["attn_self_cos"].abs().min() > 0.05
 
 
-@pytest.mark.parametrize("kw", [dict(xsa_layers=()), dict(xsa_alpha=0.0)])
-def test_out_self_cos_equals_attn_self_cos_without_xsa(kw):
-    diag = attention_diagnostics(make(**kw), batch())
+def test_out_self_cos_equals_attn_self_cos_without_xsa():
+    diag = attention_diagnostics(make(xsa_layers=()), batch())
     assert torch.equal(diag["out_self_cos"], diag["attn_self_cos"])
+
+
+def test_xsa_op_at_alpha_zero_leaves_out_self_cos_equal_to_attn_self_cos(monkeypatch):
+    """The op itself, run with alpha = 0 (which the model would skip), must leave the output as it was."""
+    from xsa_exp.model import gpt
+
+    model = make(xsa_alpha=0.0)
+    for block in model.blocks:
+        block.attn.xsa_on = True
+    calls = []
+    real_op = gpt.exclusive_self_attention
+    monkeypatch.setattr(gpt, "exclusive_self_attention", lambda *a, **k: calls.append(1) or real_op(*a, **k))
+    diag = attention_diagnostics(model, batch())
+    assert len(calls) == N_LAYER
+    torch.testing.assert_close(diag["out_self_cos"], diag["attn_self_cos"], rtol=0, atol=1e-6)
 
 
 def test_xsa_only_in_selected_layers():

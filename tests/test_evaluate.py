@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.conftest import REPO, SMALL, compose_config
-from xsa_exp.checkpoints import RunError, load_run
-from xsa_exp.evaluation import EvaluationError, evaluate
+from xsa_exp.run_dir import RunError, load_trained
+from xsa_exp.evaluate_run import EvaluationError, evaluate
 from xsa_exp.training import train
 
 pytestmark = pytest.mark.slow
@@ -97,18 +97,18 @@ def test_unknown_metric(run_dir):
 def test_truncated_and_mismatched_checkpoints(run_dir, tmp_path):
     good = run_dir / "checkpoints" / "final.ckpt"
     with pytest.raises(RunError, match="no such run directory or checkpoint"):
-        load_run(tmp_path / "nothing")
+        load_trained(tmp_path / "nothing")
     truncated = tmp_path / "run" / "checkpoints" / "cut.ckpt"
     truncated.parent.mkdir(parents=True)
     truncated.write_bytes(good.read_bytes()[:5000])
     with pytest.raises(RunError, match="is truncated, corrupt or unreadable"):
-        load_run(truncated)
+        load_trained(truncated)
     ckpt = torch.load(good, weights_only=False)
     ckpt["xsa_exp"]["config"]["model"]["n_layer"] = 3
     mismatched = tmp_path / "run" / "checkpoints" / "other.ckpt"
     torch.save(ckpt, mismatched)
     with pytest.raises(RunError, match="does not match its config"):
-        load_run(mismatched)
+        load_trained(mismatched)
 
 
 def test_evaluate_py_command(run_dir, tmp_path):

@@ -42,8 +42,13 @@ def test_cached_generation_equals_full_recomputation_token_for_token(arm):
 
 
 def test_xsa_changes_generation_and_the_cache_does_not_hide_it():
+    """Each arm's cached generation is its full-recompute greedy decoding, and those differ between the arms."""
     prompt = [5, 17, 42]
-    assert generate(trained_like_model(**ARMS["alpha=0"]), prompt, 20) != generate(trained_like_model(**ARMS["alpha=1"]), prompt, 20)
+    off, on = trained_like_model(**ARMS["alpha=0"]), trained_like_model(**ARMS["alpha=1"])
+    cached_off, cached_on = generate(off, prompt, 20)[0], generate(on, prompt, 20)[0]
+    assert cached_off == generate(off, prompt, 20, use_cache=False)[0]
+    assert cached_on == generate(on, prompt, 20, use_cache=False)[0]
+    assert cached_off != cached_on
 
 
 def test_stop_tokens_and_length_limit():

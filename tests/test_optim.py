@@ -5,7 +5,7 @@ import torch
 
 from tests.conftest import compose_config
 from xsa_exp.model import GPT, GPTConfig
-from xsa_exp.optim import MuonAdamW, WarmupConstantWarmdown, build_optimizer, orthogonalize
+from xsa_exp.optim import MuonAdamW, WarmupConstantWarmdown, build_param_groups, orthogonalize
 
 
 def relative_error(a, b):
@@ -84,7 +84,7 @@ def model_and_cfg(*overrides):
 
 def test_routing_every_parameter_once_no_vector_on_muon():
     model, cfg = model_and_cfg("xsa=learnable")
-    opt = build_optimizer(model, cfg.optim)
+    opt = MuonAdamW(build_param_groups(model, cfg.optim))
     ids = [id(p) for g in opt.param_groups for p in g["params"]]
     assert len(ids) == len(set(ids)) == len(list(model.parameters()))
     by_role = {g["role"]: g for g in opt.param_groups}
@@ -101,7 +101,7 @@ def test_routing_every_parameter_once_no_vector_on_muon():
 
 def test_optim_adamw_puts_everything_on_adamw():
     model, cfg = model_and_cfg("optim=adamw")
-    opt = build_optimizer(model, cfg.optim)
+    opt = MuonAdamW(build_param_groups(model, cfg.optim))
     assert {g["algorithm"] for g in opt.param_groups} == {"adamw"}
     matrix = next(g for g in opt.param_groups if g["role"] == "matrix")
     assert matrix["lr"] == 0.003 and matrix["weight_decay"] == 0.1
@@ -110,7 +110,7 @@ def test_optim_adamw_puts_everything_on_adamw():
 def test_state_dict_round_trip_continues_identically():
     model, cfg = model_and_cfg("xsa=learnable")
     twin = copy.deepcopy(model)
-    opt = build_optimizer(model, cfg.optim)
+    opt = MuonAdamW(build_param_groups(model, cfg.optim))
     idx = torch.randint(0, 300, (2, 17))
 
     def step(m, o):
@@ -120,7 +120,7 @@ def test_state_dict_round_trip_continues_identically():
 
     step(model, opt)
     twin.load_state_dict(model.state_dict())
-    restored = build_optimizer(twin, cfg.optim)
+    restored = MuonAdamW(build_param_groups(twin, cfg.optim))
     restored.load_state_dict(copy.deepcopy(opt.state_dict()))
     step(model, opt)
     step(twin, restored)

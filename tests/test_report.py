@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from xsa_exp import run_dir as rd
 from xsa_exp.report import ReportError, bootstrap_examples, build_report, main, mean_ci, t_quantile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,15 +30,18 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
     run = root / name
     run.mkdir(parents=True)
     xsa_layers = [] if layers == "none" else list(range(N_LAYER))
-    (run / "config.yaml").write_text(f"depth_name: {depth}\nseed: {seed}\nxsa:\n  alpha: {alpha}\n  layers: {layers}\n")
-    (run / "run.json").write_text(json.dumps({
-        "run_dir": str(run), "max_steps": steps, "tokens_per_step": tokens_per_step, "grad_accumulation": 1,
-        "precision": "32-true", "xsa_layers": xsa_layers, "param_counts": {"total": n_params}, "depth": depth,
-        "alpha": alpha, "learnable": learnable, "layers": layers, "value_source": "mixed", "optim": optim,
-        "seed": seed, "stage": stage, **({} if lr_scale is None else {"lr_scale": lr_scale}),
-        **({} if val_scope is None else {"val_scope": val_scope})}))
+    arm = rd.arm_info(stage=stage, depth=depth, alpha=alpha, learnable=learnable, layers=layers, value_source="mixed",
+                      optim=optim, lr_scale=lr_scale, seed=seed)
+    if lr_scale is None:
+        del arm["lr_scale"]
+    info = rd.run_info(run_dir=run, max_steps=steps, tokens_per_step=tokens_per_step, grad_accumulation=1,
+                       precision="32-true", precision_reason="test", xsa_layers=xsa_layers,
+                       param_counts={"total": n_params}, arm=arm)
+    rd.write_run_files(run, f"depth_name: {depth}\nseed: {seed}\nxsa:\n  alpha: {alpha}\n  layers: {layers}\n", info)
+    if val_scope is not None:
+        rd.update_run_info(run, val_scope=val_scope)
     if status is not None:
-        (run / "status.json").write_text(json.dumps(status))
+        rd.write_status(run, **status)
     rows = [{"step": s, "train/loss": 5.0 - s / steps, "train/loss_smooth": 5.1 - s / steps} for s in range(1, steps + 1)]
     if losses is not None:
         smooth = 5.0
@@ -52,13 +56,13 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
                                                                                     "diag_attn") for i in range(N_LAYER)}})
     rows.sort(key=lambda r: r["step"])
     header = sorted({k for r in rows for k in r} | {"tokens_seen"})
-    with open(run / "metrics.csv", "w", newline="") as f:
+    with open(run / rd.METRICS, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=header)
         writer.writeheader()
         writer.writerows({**r, "tokens_seen": r["step"] * tokens_per_step} for r in rows)
     if complete:
-        (run / "checkpoints").mkdir()
-        (run / "checkpoints" / "final.ckpt").write_bytes(b"")
+        rd.checkpoints_dir(run).mkdir()
+        rd.final_checkpoint(run).write_bytes(b"")
     for kwargs in evals:
         make_eval(run, **{"step": steps, **kwargs})
     return run
@@ -68,10 +72,8 @@ def make_eval(run: Path, step: int, metrics: dict, answers: dict[str, list[bool]
               baselines: dict[str, float] | None = None, stamp: str = "20260101-120000",
               chat_answers: dict[str, list[bool]] | None = None) -> Path:
     """eval/final-step<N>-<stamp>/ with summary.json, and CORE / ChatCORE answers per task when given."""
-    folder = run / "eval" / f"final-step{step}-{stamp}"
-    folder.mkdir(parents=True)
-    summary = {"run": str(run), "checkpoint": "final.ckpt", "step": step, "metrics": metrics}
-    (folder / "summary.json").write_text(json.dumps(summary))
+    folder = rd.new_eval_dir(run, rd.final_checkpoint(run), step, stamp)
+    rd.write_summary(folder, rd.eval_summary(run=run, checkpoint=rd.final_checkpoint(run), step=step, metrics=metrics))
     if answers is not None:
         with open(folder / "core_examples.jsonl", "w") as f:
             for task, correct in answers.items():

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.test_report import XSA, is_png, make_eval, make_run, numbers, table_row
+from xsa_exp import run_dir as rd
 from xsa_exp.report import band, build_report, count_spikes, load_run, relative_change, sweep_jobs
 
 T2, T3 = 12.7062047, 4.30265273  # t quantiles 0.975 with 1 and 2 degrees of freedom (tables)
@@ -192,8 +193,8 @@ def test_validation_coverage(tmp_path):
     assert numbers(report)[XSA, "val/bpb", "val_tokens:mixed/b"] == 1024
     # an evaluation's val_scope wins with its val/bpb
     folder = make_eval(mixed / "b", 20, {"val/bpb": 0.84}, stamp="20260102-000000")
-    summary = json.loads((folder / "summary.json").read_text())
-    (folder / "summary.json").write_text(json.dumps({**summary, "val_scope": whole}))
+    summary = [s for f, s in rd.evaluations(mixed / "b") if f == folder][0]
+    rd.write_summary(folder, {**summary, "val_scope": whole})
     assert "over 1,024" not in build_report([mixed], tmp_path / "out3").read_text()
     whole_only = tmp_path / "whole"
     make_run(whole_only, "a", val_scope=whole)

@@ -162,9 +162,28 @@ def test_tanh_parametrization_is_the_signed_option():
     torch.testing.assert_close(fresh.xsa_alphas()[0], torch.tensor([0.5, 0.5]))
 
 
-def test_value_source_plain_projects_against_unmixed_value():
+def test_value_source_plain_projects_against_unmixed_value(monkeypatch):
+    """The v given to the op: plain = c_v(x) before the value-embedding mix, mixed = after it (the same
+    weights, so the mixed model with its value embeddings zeroed hands the op the plain value)."""
+    from xsa_exp.model import gpt
+
+    seen = []
+    real_op = gpt.exclusive_self_attention
+    monkeypatch.setattr(gpt, "exclusive_self_attention", lambda y, v, *a, **k: seen.append(v) or real_op(y, v, *a, **k))
     idx = torch.randint(0, 300, (2, 32))
+
+    def value_given_to_xsa(model):
+        seen.clear()
+        model(idx)
+        assert len(seen) == 1  # layer 2 only
+        return seen[0]
+
     mixed = tiny_model(xsa_layers=[2], xsa_value_source="mixed")
     plain = tiny_model(xsa_layers=[2], xsa_value_source="plain")
     assert 2 in mixed.config.ve_layers
-    assert not torch.equal(mixed(idx), plain(idx))
+    v_plain, v_mixed = value_given_to_xsa(plain), value_given_to_xsa(mixed)
+    with torch.no_grad():
+        mixed.value_embeds["2"].weight.zero_()
+    v_unmixed = value_given_to_xsa(mixed)
+    assert torch.equal(v_plain, v_unmixed)
+    assert (v_mixed - v_plain).abs().max() > 1e-3

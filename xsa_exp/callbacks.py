@@ -7,7 +7,6 @@ at the last step. Every row carries tokens_seen = step x total_batch_tokens.
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import time
@@ -16,6 +15,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
+from xsa_exp import run_dir as rd
 from xsa_exp.data.datamodule import describe_val_scope
 from xsa_exp.eval.bpb import evaluate_bpb
 from xsa_exp.eval.core import evaluate_core
@@ -42,17 +42,34 @@ class BiasCorrectedEMA:
         return self.value / (1 - self.beta**self.count) if self.count else float("nan")
 
 
+def format_duration(seconds: float) -> str:
+    """1h02m, 3m07s, 42s."""
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
 class TrainMetrics(L.Callback):
-    """One CSV/wandb row per optimizer update: loss, smoothed loss, lrs, Muon momentum, grad norm, tokens/sec."""
+    """One CSV/wandb row per optimizer update: loss, smoothed loss, lrs, Muon momentum, grad norm, tokens/sec;
+    the console line adds the time left (wall time so far per update, evaluations included, x updates left)."""
 
     def __init__(self, tokens_per_step: int, ema_beta: float, print_every: int):
         self.tokens_per_step, self.print_every = tokens_per_step, print_every
         self.ema = BiasCorrectedEMA(ema_beta)
         self.last_step = 0
         self.update_started = None
+        self.first_step, self.started = 0, 0.0
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self.last_step = trainer.global_step
+        self.last_step = self.first_step = trainer.global_step
+        self.started = time.perf_counter()
+
+    def eta(self, step: int, max_steps: int) -> str:
+        done = step - self.first_step
+        if done <= 0:
+            return "?"
+        return format_duration((time.perf_counter() - self.started) / done * (max_steps - step))
 
     def state_dict(self) -> dict:
         # Saved in checkpoints so a resumed run continues the same smoothed curve.
@@ -77,23 +94,21 @@ class TrainMetrics(L.Callback):
             return
         elapsed = time.perf_counter() - self.update_started
         stats = pl_module.pop_update_stats()
-        row = {"train/loss": stats.pop("loss"), "train/loss_smooth": 0.0,
-               "train/tokens_per_sec": self.tokens_per_step / elapsed}
+        loss = stats.pop("loss")
         # A skipped non-finite step would poison the average for good; it keeps its last value instead.
-        row["train/loss_smooth"] = self.ema.update(row["train/loss"]) if math.isfinite(row["train/loss"]) else self.ema.current()
+        row = {"train/loss": loss, "train/loss_smooth": self.ema.update(loss) if math.isfinite(loss) else self.ema.current(),
+               "train/tokens_per_sec": self.tokens_per_step / elapsed}
         row.update({f"train/{k}": v for k, v in stats.items()})
         log_row(trainer, row, step, self.tokens_per_step)
         if step % self.print_every == 0 or step == trainer.max_steps:
             rank_zero_info(f"step {step:>6}/{trainer.max_steps} | loss {row['train/loss']:.4f} "
                            f"(smooth {row['train/loss_smooth']:.4f}) | grad norm {row['train/grad_norm']:.3f} "
-                           f"| {row['train/tokens_per_sec']:,.0f} tok/s")
+                           f"| {row['train/tokens_per_sec']:,.0f} tok/s | eta {self.eta(step, trainer.max_steps)}")
         self.last_step, self.update_started = step, None
 
 
 class ScheduledEvaluation(L.Callback):
     """Runs `measure` at step 0 (before any update), every `every` steps and at the last step; every <= 0 turns it off."""
-
-    name = "evaluation"
 
     def __init__(self, every: int, tokens_per_step: int):
         self.every, self.tokens_per_step = every, tokens_per_step
@@ -173,9 +188,9 @@ class AttentionDiagnostics(ScheduledEvaluation):
     per layer (head mean) and overall in the metrics; every head in diagnostics.jsonl, with the alpha
     each head applies ("alpha"; learnable runs also log xsa/alpha and xsa/alpha/L{layer})."""
 
-    def __init__(self, every: int, tokens_per_step: int, rows: int, jsonl_path):
+    def __init__(self, every: int, tokens_per_step: int, rows: int, run_dir):
         super().__init__(every, tokens_per_step)
-        self.rows, self.jsonl_path = rows, jsonl_path
+        self.rows, self.run_dir = rows, run_dir
 
     def measure(self, trainer, pl_module) -> dict[str, float]:
         idx = trainer.datamodule.diagnostics_inputs(self.rows).to(pl_module.device)
@@ -183,9 +198,8 @@ class AttentionDiagnostics(ScheduledEvaluation):
         diag = attention_diagnostics(model, idx, trainer.precision_plugin.forward_context)
         alphas = model.xsa_alphas()
         if trainer.is_global_zero:
-            with open(self.jsonl_path, "a") as f:
-                f.write(json.dumps({"step": trainer.global_step, **{k: v.tolist() for k, v in diag.items()},
-                                    "alpha": alphas.tolist()}) + "\n")
+            rd.append_diagnostics(self.run_dir, {"step": trainer.global_step, **{k: v.tolist() for k, v in diag.items()},
+                                                 "alpha": alphas.tolist()})
         row = {k: v for k, v in flatten_diagnostics(diag).items() if "/H" not in k}
         if model.config.xsa_learnable:  # what the model has learned, per layer (mean over heads; 0 where XSA is off)
             row["xsa/alpha"] = alphas.mean().item()
@@ -197,13 +211,13 @@ class AttentionDiagnostics(ScheduledEvaluation):
 
 
 class PeriodicCheckpoint(ModelCheckpoint):
-    """Resumable checkpoint every N steps, named step{N:06d}.ckpt, keeping the newest few.
+    """Resumable checkpoint every N steps, named as run_dir.step_checkpoint names it, keeping the newest few.
 
     Lightning writes it atomically (temporary file, then move). A resumed run starts right after its
     checkpoint, so that step is not saved again (plain ModelCheckpoint would write a -v1 copy)."""
 
-    def __init__(self, dirpath, every: int, keep: int):
-        super().__init__(dirpath=dirpath, filename="step{step:06d}", auto_insert_metric_name=False,
+    def __init__(self, run_dir, every: int, keep: int):
+        super().__init__(dirpath=rd.checkpoints_dir(run_dir), filename=rd.STEP_CHECKPOINT, auto_insert_metric_name=False,
                          every_n_train_steps=every, save_top_k=keep, monitor="step", mode="max")
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -218,8 +232,8 @@ class PreemptionCheckpoint(L.Callback):
     Replaces Lightning's own handlers for the run, which would stop mid-accumulation. Under DDP rank 0's
     flag is broadcast at every update, so all ranks stop at the same step."""
 
-    def __init__(self, dirpath):
-        self.dirpath = dirpath
+    def __init__(self, run_dir):
+        self.run_dir = run_dir
         self.signal_name: str | None = None
         self.stopped_at: int | None = None
 
@@ -237,8 +251,9 @@ class PreemptionCheckpoint(L.Callback):
             return
         self.last_step = step
         if trainer.strategy.broadcast(self.signal_name is not None, src=0) and step < trainer.max_steps:
-            trainer.save_checkpoint(self.dirpath / f"step{step:06d}.ckpt")
-            rank_zero_info(f"{self.signal_name or 'signal'} received: saved {self.dirpath / f'step{step:06d}.ckpt'} "
+            path = rd.step_checkpoint(self.run_dir, step)
+            trainer.save_checkpoint(path)
+            rank_zero_info(f"{self.signal_name or 'signal'} received: saved {path} "
                            "and stopping; continue with resume=auto")
             self.stopped_at = step
             trainer.should_stop = True

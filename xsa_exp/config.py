@@ -276,7 +276,7 @@ def validate(cfg: DictConfig) -> None:
 def validate_evaluate(cfg: DictConfig) -> None:
     """evaluate.py's config: the schema's bounds and choices, and the values a type cannot say."""
     check_schema(cfg)
-    from xsa_exp.evaluation import KNOWN_METRICS
+    from xsa_exp.evaluate_run import KNOWN_METRICS
 
     metrics = list(cfg.eval.metrics)
     unknown = [m for m in metrics if m not in KNOWN_METRICS]

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 import torch
 
 from xsa_exp.data.tokenizer import Tokenizer
-from xsa_exp.model import GPT, KVCache
+from xsa_exp.model import GPT, KVCache, evaluating
 
 
 def generate(model: GPT, prompt: list[int], max_new_tokens: int, num_samples: int = 1, **options) -> list[list[int]]:
@@ -48,28 +48,26 @@ def generate_batch(model: GPT, prompts: list[list[int]], max_new_tokens: int, te
     stop = set(stop_tokens)
     rows = len(prompts)
     calculator = CalculatorTool(tool_use, rows) if tool_use is not None else None
-    was_training = model.training
-    model.eval()
-    tokens = torch.tensor([[0] * (width - len(p)) + p for p in prompts], dtype=torch.long, device=device)
-    cache = KVCache(model.config, rows, width + max_new_tokens, device, first=padding) if use_cache else None
-    logits = model(tokens, kv_cache=cache)[:, -1]
-    outputs: list[list[int]] = [[] for _ in range(rows)]
-    done = [False] * rows
-    for _ in range(max_new_tokens):
-        next_token = sample(logits, temperature, top_k, generator)
-        if calculator is not None:
-            next_token = torch.tensor(calculator.next_tokens(next_token.tolist()), device=device)
-        for row, token in enumerate(next_token.tolist()):
-            if not done[row]:
-                if token in stop:
-                    done[row] = True
-                else:
-                    outputs[row].append(token)
-        if all(done):
-            break
-        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
-        logits = (model(next_token[:, None], kv_cache=cache) if use_cache else model(tokens))[:, -1]
-    model.train(was_training)
+    with evaluating(model):
+        tokens = torch.tensor([[0] * (width - len(p)) + p for p in prompts], dtype=torch.long, device=device)
+        cache = KVCache(model.config, rows, width + max_new_tokens, device, first=padding) if use_cache else None
+        logits = model(tokens, kv_cache=cache)[:, -1]
+        outputs: list[list[int]] = [[] for _ in range(rows)]
+        done = [False] * rows
+        for _ in range(max_new_tokens):
+            next_token = sample(logits, temperature, top_k, generator)
+            if calculator is not None:
+                next_token = torch.tensor(calculator.next_tokens(next_token.tolist()), device=device)
+            for row, token in enumerate(next_token.tolist()):
+                if not done[row]:
+                    if token in stop:
+                        done[row] = True
+                    else:
+                        outputs[row].append(token)
+            if all(done):
+                break
+            tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+            logits = (model(next_token[:, None], kv_cache=cache) if use_cache else model(tokens))[:, -1]
     return outputs
 
 

@@ -8,7 +8,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from xsa_exp.data.packing import inputs_and_targets
 from xsa_exp.model import GPT
-from xsa_exp.optim import WarmupConstantWarmdown, build_optimizer
+from xsa_exp.optim import MuonAdamW, WarmupConstantWarmdown, build_param_groups
+from xsa_exp.run_dir import checkpoint_meta
 
 
 class LanguageModel(L.LightningModule):
@@ -25,7 +26,7 @@ class LanguageModel(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Enough to rebuild the model without the run directory: its config, and where its tokenizer lives.
-        checkpoint["xsa_exp"] = {"config": self.run_config, "tokenizer_dir": "tokenizer", "skipped_steps": self.skipped_steps}
+        checkpoint["xsa_exp"] = checkpoint_meta(self.run_config, self.skipped_steps)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.skipped_steps = checkpoint.get("xsa_exp", {}).get("skipped_steps", 0)
@@ -73,7 +74,7 @@ class LanguageModel(L.LightningModule):
         return stats
 
     def configure_optimizers(self):
-        optimizer = build_optimizer(self.model, self.optim_cfg)
+        optimizer = MuonAdamW(build_param_groups(self.model, self.optim_cfg))
         muon, schedule = self.optim_cfg.muon, self.optim_cfg.schedule
         scheduler = WarmupConstantWarmdown(
             optimizer, self.total_steps, schedule.warmup_frac, schedule.warmdown_frac, schedule.final_lr_frac,

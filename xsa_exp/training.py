@@ -3,29 +3,28 @@
 from __future__ import annotations
 
 import contextlib
-import csv
-import json
 import os
 import shutil
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from xsa_exp import run_dir as rd
 from xsa_exp.callbacks import (AttentionDiagnostics, CoreEvaluation, PeriodicCheckpoint, PreemptionCheckpoint,
                                TrainMetrics, ValidationBPB)
-from xsa_exp.checkpoints import LoadedRun, RunError, load_run
+from xsa_exp.console import quiet_libraries, quiet_wandb_logger
 from xsa_exp.config import ConfigError, grad_accumulation, validate
 from xsa_exp.data.datamodule import TextDataModule
-from xsa_exp.eval.core import resolve_bundle_dir
+from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.lightning_module import LanguageModel
 from xsa_exp.model import GPT, GPTConfig
+from xsa_exp.run_dir import LoadedRun, RunError, load_trained
 
 
 def resolve_max_steps(train_cfg: DictConfig, model: GPT, datamodule: TextDataModule) -> int:
@@ -72,9 +71,9 @@ def resolve_precision(trainer_cfg: DictConfig, n_embd: int) -> tuple[str, str]:
 def run_summary(cfg: DictConfig) -> dict:
     """The arm of a run in a few top-level keys, for grouping and filtering in wandb and the report."""
     layers = cfg.xsa.layers if isinstance(cfg.xsa.layers, (str, int)) else list(cfg.xsa.layers)
-    return {"stage": cfg.stage_name, "depth": cfg.depth_name, "alpha": cfg.xsa.alpha, "learnable": cfg.xsa.learnable,
-            "layers": layers, "value_source": cfg.xsa.value_source, "optim": cfg.optim.matrix_algorithm,
-            "lr_scale": cfg.optim.lr_scale, "seed": cfg.seed}
+    return rd.arm_info(stage=cfg.stage_name, depth=cfg.depth_name, alpha=cfg.xsa.alpha, learnable=cfg.xsa.learnable,
+                       layers=layers, value_source=cfg.xsa.value_source, optim=cfg.optim.matrix_algorithm,
+                       lr_scale=cfg.optim.lr_scale, seed=cfg.seed)
 
 
 def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict) -> list:
@@ -85,8 +84,11 @@ def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict) -> list:
         offline = "WANDB_API_KEY" not in os.environ and "WANDB_MODE" not in os.environ
         logger = WandbLogger(project=w.project, group=w.group, name=w.name or run_dir.name, tags=list(w.tags),
                              save_dir=str(run_dir), offline=offline)
+        quiet_wandb_logger(logger)
         logger.log_hyperparams({**summary, "config": OmegaConf.to_container(cfg, resolve=True)})
         loggers.append(logger)
+        if offline:
+            rank_zero_info(f"wandb: offline, logged under {run_dir / 'wandb'} (`wandb sync` uploads it)")
     return loggers
 
 
@@ -109,39 +111,39 @@ def print_start(model: GPT, cfg: DictConfig, run: dict) -> None:
 
 def train(cfg: DictConfig, run_dir: Path) -> Path:
     """Train one model as configured; returns the run directory."""
+    quiet_libraries()
     validate(cfg)
     run_dir = Path(run_dir).resolve()
     check_writable(run_dir)
     resume_from = None
     # Under DDP every rank runs this with the same run_dir; only rank 0 creates the run, so only it
     # may find someone else's run there (the others may already see the config rank 0 just wrote).
-    if (run_dir / "config.yaml").exists() and (cfg.resume == "auto" or rank_zero_only.rank == 0):
+    if (run_dir / rd.CONFIG).exists() and (cfg.resume == "auto" or rank_zero_only.rank == 0):
         if cfg.resume != "auto":
             raise ConfigError(f"run directory {run_dir} already holds a run; nothing was overwritten — choose a new "
                               "hydra.run.dir, or add resume=auto to continue it")
         check_same_config(run_dir, cfg)
-        if read_status(run_dir) == "completed":
+        if rd.read_status(run_dir).get("status") == "completed":
             rank_zero_info(f"run {run_dir} is already complete; nothing to do")
             return run_dir
-        resume_from = newest_valid_checkpoint(run_dir)
+        resume_from = rd.newest_checkpoint(run_dir)
     if cfg.train.cpu_threads is not None:
         torch.set_num_threads(cfg.train.cpu_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
     base = load_base_run(cfg, model)
     datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size, cfg.train.device_batch_size,
-                                cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / "tokenizer")
+                                cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER)
     max_steps = resolve_max_steps(cfg.train, model, datamodule)
     summary = run_summary(cfg)
     precision, precision_reason = resolve_precision(cfg.trainer, cfg.model.n_embd)
-    run = {"run_dir": str(run_dir), "max_steps": max_steps, "tokens_per_step": cfg.train.total_batch_tokens,
-           "grad_accumulation": grad_accumulation(cfg), "precision": precision, "precision_reason": precision_reason,
-           "xsa_layers": model.config.xsa_layers, "param_counts": model.param_counts(), **summary}
-    if base is not None:
-        run["init_from"] = {"run": str(base.run_dir), "checkpoint": str(base.checkpoint), "step": base.step}
+    run = rd.run_info(run_dir=run_dir, max_steps=max_steps, tokens_per_step=cfg.train.total_batch_tokens,
+                      grad_accumulation=grad_accumulation(cfg), precision=precision, precision_reason=precision_reason,
+                      xsa_layers=model.config.xsa_layers, param_counts=model.param_counts(), arm=summary,
+                      init_from=base and {"run": str(base.run_dir), "checkpoint": str(base.checkpoint), "step": base.step})
     print_start(model, cfg, run)
     if resume_from is None:
-        set_aside_unfinished_log(run_dir)
+        rank_zero_only(rd.set_aside_unfinished_logs)(run_dir)
         save_run_files(run_dir, cfg, run)
     else:
         rank_zero_info(f"resuming from {resume_from}")
@@ -152,10 +154,10 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
         model.compile()
     loggers = build_loggers(cfg, run_dir, summary)
     callbacks = build_callbacks(cfg, run_dir)
+    # conf/trainer/ is passed to the Trainer as it is (precision "auto" resolved above); the rest is the run's.
     trainer = L.Trainer(
-        accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
-        strategy=cfg.trainer.strategy,
-        precision=run["precision"], max_steps=max_steps, accumulate_grad_batches=run["grad_accumulation"],
+        **{**OmegaConf.to_container(cfg.trainer, resolve=True), "precision": run["precision"]},
+        max_steps=max_steps, accumulate_grad_batches=run["grad_accumulation"],
         gradient_clip_val=cfg.train.grad_clip or None, logger=loggers, callbacks=callbacks,
         limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=cfg.train.checkpoint_every > 0,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(run_dir))
@@ -178,12 +180,12 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     if trainer.interrupted or preemption.stopped_at is not None:
         save_status(run_dir, "interrupted", trainer.global_step)
         return run_dir
-    trainer.save_checkpoint(run_dir / "checkpoints" / "final.ckpt")
+    trainer.save_checkpoint(rd.final_checkpoint(run_dir))
     save_tokenizer(run_dir, datamodule)
     if cfg.eval.every > 0:
         update_run_file(run_dir, val_scope=datamodule.val_scope(cfg.eval.val_tokens))
     save_status(run_dir, "completed", trainer.global_step)
-    rank_zero_info(f"done: metrics {run_dir / 'metrics.csv'}, checkpoint {run_dir / 'checkpoints' / 'final.ckpt'}")
+    rank_zero_info(f"done: metrics {run_dir / rd.METRICS}, checkpoint {rd.final_checkpoint(run_dir)}")
     return run_dir
 
 
@@ -192,7 +194,7 @@ def load_base_run(cfg: DictConfig, model: GPT) -> LoadedRun | None:
     if cfg.stage_name != "sft":
         return None
     try:
-        base = load_run(cfg.init_from)
+        base = load_trained(cfg.init_from)
     except RunError as e:
         raise ConfigError(f"init_from: {e}") from None
     model.load_state_dict(base.model.state_dict())
@@ -205,13 +207,14 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
     checkpoint last, so it is taken after every row of its step is logged."""
     tokens = cfg.train.total_batch_tokens
     e = cfg.eval
+    bundle = require_bundle(e.bundle_dir, f"eval.core_every={e.core_every}", "use eval.core_every=0") if e.core_every > 0 else None
     callbacks = [TrainMetrics(tokens, cfg.log.ema_beta, cfg.log.print_every),
                  ValidationBPB(e.every, e.val_tokens, tokens),
-                 AttentionDiagnostics(e.diag_every, tokens, e.diag_rows, run_dir / "diagnostics.jsonl"),
-                 CoreEvaluation(e.core_every, tokens, resolve_bundle_dir(e.bundle_dir), e.core_max_per_task)]
+                 AttentionDiagnostics(e.diag_every, tokens, e.diag_rows, run_dir),
+                 CoreEvaluation(e.core_every, tokens, bundle, e.core_max_per_task)]
     if cfg.train.checkpoint_every > 0:
-        callbacks.append(PeriodicCheckpoint(run_dir / "checkpoints", cfg.train.checkpoint_every, cfg.train.keep_checkpoints))
-    callbacks.append(PreemptionCheckpoint(run_dir / "checkpoints"))
+        callbacks.append(PeriodicCheckpoint(run_dir, cfg.train.checkpoint_every, cfg.train.keep_checkpoints))
+    callbacks.append(PreemptionCheckpoint(run_dir))
     return callbacks
 
 
@@ -224,14 +227,9 @@ def check_writable(run_dir: Path) -> None:
         raise ConfigError(f"run directory {run_dir} is not writable ({e.strerror or e}); choose another hydra.run.dir") from None
 
 
-def read_status(run_dir: Path) -> str | None:
-    path = run_dir / "status.json"
-    return json.loads(path.read_text())["status"] if path.is_file() else None
-
-
 def check_same_config(run_dir: Path, cfg: DictConfig) -> None:
     """A resumed run must be the same experiment; only `resume` itself may differ."""
-    saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+    saved = OmegaConf.to_container(OmegaConf.load(run_dir / rd.CONFIG))
     current = OmegaConf.to_container(cfg, resolve=True)
     saved.pop("resume", None), current.pop("resume", None)
     if saved != current:
@@ -240,72 +238,34 @@ def check_same_config(run_dir: Path, cfg: DictConfig) -> None:
                           "resume with the same overrides or choose a new hydra.run.dir")
 
 
-def newest_valid_checkpoint(run_dir: Path) -> Path | None:
-    """The newest periodic checkpoint that loads; an unreadable newer one is skipped with a warning."""
-    for path in sorted((run_dir / "checkpoints").glob("step*.ckpt"), reverse=True):
-        try:
-            torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-            return path
-        except Exception as e:  # truncated or corrupt: any load error means "not this one"
-            rank_zero_warn(f"checkpoint {path} is unreadable ({type(e).__name__}); falling back to the previous one")
-    return None
-
-
-@rank_zero_only
-def set_aside_unfinished_log(run_dir: Path) -> None:
-    """A run restarted without any checkpoint keeps its earlier partial logs under other names, never deletes them."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for name in ("metrics.csv", "diagnostics.jsonl"):
-        path = run_dir / name
-        if path.is_file():
-            path.rename(path.with_name(f"{path.stem}.unfinished-{stamp}{path.suffix}"))
-
-
-def diagnostics_step(line: str) -> float:
-    """The step of a diagnostics.jsonl line; a line cut short by a kill counts as after any checkpoint."""
-    try:
-        return json.loads(line)["step"]
-    except ValueError:
-        return float("inf")
-
-
 @rank_zero_only
 def restore_csv_rows(csv_logger: CSVLogger, run_dir: Path, checkpoint: Path) -> None:
     """Keep the rows (and diagnostics lines) up to the checkpoint's step, so the logs have no duplicated
     or missing steps after resume."""
     step = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)["global_step"]
-    with open(run_dir / "metrics.csv", newline="") as f:
-        rows = [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f) if int(row["step"]) <= step]
+    rows = rd.read_metric_rows(run_dir, up_to_step=step)
     writer = csv_logger.experiment  # creating the writer removes the old file (Lightning's rule) ...
     writer.metrics = rows           # ... so the kept rows are written back first
     writer.save()
-    diagnostics = run_dir / "diagnostics.jsonl"
-    if diagnostics.is_file():
-        kept = [line for line in diagnostics.read_text().splitlines() if diagnostics_step(line) <= step]
-        diagnostics.write_text("".join(line + "\n" for line in kept))
+    rd.truncate_diagnostics(run_dir, step)
 
 
 @rank_zero_only
 def save_run_files(run_dir: Path, cfg: DictConfig, run: dict) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (run_dir / "run.json").write_text(json.dumps(run, indent=1))
+    rd.write_run_files(run_dir, OmegaConf.to_yaml(cfg, resolve=True), run)
 
 
 @rank_zero_only
 def update_run_file(run_dir: Path, **entries) -> None:
-    """Add what is known only after training (e.g. how much of the validation split val/bpb covers) to run.json."""
-    path = run_dir / "run.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **entries}, indent=1))
+    rd.update_run_info(run_dir, **entries)
 
 
 @rank_zero_only
 def save_status(run_dir: Path, status: str, step: int, error: str | None = None) -> None:
-    """status.json: completed | interrupted | failed, with the step reached and the error if any."""
-    (run_dir / "status.json").write_text(json.dumps({"status": status, "step": step, "error": error}, indent=1))
+    rd.write_status(run_dir, status, step, error)
 
 
 @rank_zero_only
 def save_tokenizer(run_dir: Path, datamodule: TextDataModule) -> None:
     """Copy the tokenizer next to the checkpoint, so the run stays usable after the cache is cleared."""
-    shutil.copytree(datamodule.tokenizer_dir, run_dir / "tokenizer", dirs_exist_ok=True)
+    shutil.copytree(datamodule.tokenizer_dir, run_dir / rd.TOKENIZER, dirs_exist_ok=True)

@@ -19,52 +19,16 @@ starts with BOS) and cut into rows of sequence_len + 1. Only the assistant's tok
 from __future__ import annotations
 
 import random
-import re
-from collections.abc import Callable
 from pathlib import PurePosixPath
 
 import torch
 from omegaconf import DictConfig
 
 from xsa_exp.data.chat import render_conversation
+from xsa_exp.data.conversations import CONVERTERS
 from xsa_exp.data.packing import cut_rows, mask_tokens
 from xsa_exp.data.sources import FORMATS, DataError, match_files, offline_variable
 from xsa_exp.data.tokenizer import Tokenizer
-
-LETTERS = "ABCDEFGHIJ"
-CALCULATOR_NOTE = re.compile(r"(<<[^>]*>>)")
-
-
-def multiple_choice_prompt(question: str, choices: list[str]) -> str:
-    """nanochat's multiple-choice format, shared by SFT data and the ARC / MMLU evaluation."""
-    options = "".join(f"- {choice}={letter}\n" for letter, choice in zip(LETTERS, choices))
-    return f"Multiple Choice question: {question}\n{options}\nRespond only with the letter of the correct answer."
-
-
-def messages_conversation(row: dict, tool_calls: bool) -> list[dict]:
-    return [{"role": m["role"], "content": m["content"]} for m in row["messages"]]
-
-
-def mmlu_conversation(row: dict, tool_calls: bool) -> list[dict]:
-    row = row.get("train") or row  # cais/mmlu auxiliary_train nests each example in a `train` field
-    return [{"role": "user", "content": multiple_choice_prompt(row["question"], list(row["choices"]))},
-            {"role": "assistant", "content": LETTERS[int(row["answer"])]}]
-
-
-def gsm8k_conversation(row: dict, tool_calls: bool) -> list[dict]:
-    parts = []
-    for piece in CALCULATOR_NOTE.split(row["answer"]):
-        if not CALCULATOR_NOTE.fullmatch(piece):
-            parts.append({"type": "text", "text": piece})
-        elif tool_calls:
-            expression, _, value = piece[2:-2].rpartition("=")
-            parts += [{"type": "python", "text": expression}, {"type": "python_output", "text": value}]
-    return [{"role": "user", "content": row["question"]}, {"role": "assistant", "content": parts}]
-
-
-CONVERTERS: dict[str, Callable[[dict, bool], list[dict]]] = {
-    "messages": messages_conversation, "mmlu": mmlu_conversation, "gsm8k": gsm8k_conversation}
-
 
 def load_rows(key: str, source: DictConfig):
     """The rows of one source (config key `key`), a `datasets.Dataset`; at most source.max_rows of them."""

@@ -27,6 +27,8 @@ from pathlib import Path, PurePosixPath
 
 from omegaconf import DictConfig, OmegaConf
 
+from xsa_exp.data.conversations import CONVERTERS
+
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
 TXT_SAMPLE_BY = ("document", "paragraph", "line")  # a .txt document: the whole file, a paragraph, a line
 DOCS_PER_READ = 256  # documents per read, which is also the tokenizer's batch
@@ -145,8 +147,6 @@ def check_data_config(data_cfg: DictConfig) -> None:
 
 
 def check_chat_sources(data_cfg: DictConfig) -> None:
-    from xsa_exp.data.sft import CONVERTERS
-
     for part in ("train_sources", "val_sources"):
         if not data_cfg[part]:
             raise DataError(f"data.{part} is empty; data=sft needs at least one source there")

@@ -35,8 +35,14 @@ from xsa_exp.data.sources import DataError, StreamedCorpus, read_documents
 from xsa_exp.data.tokenizer import Tokenizer
 
 
+# A prime above any epoch count a run reaches: seed * EPOCH_SEED_STRIDE + epoch is then one distinct seed per
+# (seed, epoch) pair, so two runs' seeds never give the same epoch order (with a stride of 1, seed 1 epoch 1 and
+# seed 2 epoch 0 would shuffle alike). Changing it changes every data order, so every number.
+EPOCH_SEED_STRIDE = 1_000_003
+
+
 def epoch_seed(seed: int, epoch: int) -> int:
-    return seed * 1_000_003 + epoch
+    return seed * EPOCH_SEED_STRIDE + epoch
 
 
 class EpochPermutations:

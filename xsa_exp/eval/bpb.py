@@ -9,6 +9,7 @@ import torch
 from torchmetrics import Metric
 
 from xsa_exp.data.packing import inputs_and_targets
+from xsa_exp.model import evaluating
 
 
 class BitsPerByte(Metric):
@@ -41,13 +42,11 @@ def evaluate_bpb(model, batches, token_bytes: torch.Tensor, autocast=nullcontext
     """bpb of model over batches of packed rows (B, T + 1), masked targets not counted; leaves the model's train/eval mode as it was."""
     device = next(model.parameters()).device
     metric = BitsPerByte(token_bytes).to(device)
-    was_training = model.training
-    model.eval()
-    for rows in batches:
-        rows = rows.to(device)
-        inputs, targets = inputs_and_targets(rows)
-        with autocast():
-            losses = model(inputs, targets, loss_reduction="none")
-        metric.update(losses, targets)
-    model.train(was_training)
+    with evaluating(model):
+        for rows in batches:
+            rows = rows.to(device)
+            inputs, targets = inputs_and_targets(rows)
+            with autocast():
+                losses = model(inputs, targets, loss_reduction="none")
+            metric.update(losses, targets)
     return float(metric.compute())

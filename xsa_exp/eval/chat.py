@@ -33,12 +33,15 @@ from pathlib import Path
 import torch
 
 from xsa_exp.data.chat import render_prompt
-from xsa_exp.data.sft import LETTERS, load_rows, multiple_choice_prompt
+from xsa_exp.data.conversations import LETTERS, multiple_choice_prompt
+from xsa_exp.data.sft import load_rows
 from xsa_exp.data.sources import DataError
 from xsa_exp.data.tokenizer import Tokenizer
-from xsa_exp.eval.core import SHUFFLE_SEED, check_example, check_fields, read_examples
+from xsa_exp.eval.bundle import check_fields, data_path, read_examples
+from xsa_exp.eval.core import SHUFFLE_SEED, check_example
 from xsa_exp.eval.sandbox import isolation_mode, run_program
 from xsa_exp.generate import generate_batch
+from xsa_exp.model import evaluating
 
 TASKS = ("arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval")
 BASELINES = {"arc_easy": 0.25, "arc_challenge": 0.25, "mmlu": 0.25, "gsm8k": 0.0, "humaneval": 0.0}
@@ -99,7 +102,7 @@ def load_task(task: str, bundle_dir: Path, mmlu_source) -> list[dict]:
         except (KeyError, TypeError, ValueError) as e:
             raise DataError(f"eval.chatcore.mmlu rows need question, choices and answer (an index); "
                             f"got columns {', '.join(rows.column_names)} ({type(e).__name__}: {e})") from None
-    path = bundle_dir / "eval_data" / BUNDLE_FILES[task]
+    path = data_path(bundle_dir, BUNDLE_FILES[task])
     if not path.is_file():
         raise TaskDataMissing(f"{path} is missing")
     if task.startswith("arc"):  # CORE's multiple-choice files, checked as CORE checks them
@@ -204,46 +207,44 @@ def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, mmlu_source, ma
                   memory_mb: int = 1024, progress: Callable[[ChatTaskResult], None] | None = None) -> ChatCoreResult:
     """Every task whose data is available; the others are listed in `missing` with the reason. Data that
     is there but malformed raises DataError or BundleError (file and line)."""
-    was_training = model.training
-    model.eval()
     result = ChatCoreResult({}, {})
-    for task in TASKS:
-        try:
-            examples = subset(load_task(task, bundle_dir, mmlu_source), max_per_task)
-        except TaskDataMissing as e:
-            result.missing[task] = str(e)
-            continue
-        if not examples:
-            result.missing[task] = "no examples"
-            continue
-        start = time.perf_counter()
-        records = []
-        if task in ("arc_easy", "arc_challenge", "mmlu"):
-            predictions = categorical_predictions(model, tokenizer, [e for _, e in examples], batch_size)
-            for (index, example), predicted in zip(examples, predictions):
-                records.append({"prediction": LETTERS[predicted], "answer": LETTERS[example["gold"]],
-                                "correct": predicted == example["gold"], "index": index})
-        elif task == "gsm8k":
-            replies = answer_texts(model, tokenizer, [e["question"] for _, e in examples], max_new_tokens, tool_use, batch_size)
-            for (index, example), reply in zip(examples, replies):
-                predicted = final_number(reply)
-                records.append({"prediction": predicted, "answer": example["answer"],
-                                "correct": same_number(predicted, example["answer"]), "index": index, "reply": reply})
-        else:
-            replies = answer_texts(model, tokenizer, [e["prompt"] for _, e in examples], max_new_tokens, tool_use, batch_size)
-            result.sandbox = isolation_mode()
-            for (index, example), reply in zip(examples, replies):
-                outcome = run_program(humaneval_program(example, reply), timeout_s, memory_mb, result.sandbox)
-                records.append({"prediction": outcome.status, "answer": "passed", "correct": outcome.passed,
-                                "index": index, "reply": reply, "detail": outcome.detail})
-        correct = sum(r["correct"] for r in records)
-        accuracy = correct / len(records)
-        baseline = BASELINES[task]
-        task_result = ChatTaskResult(task, len(records), correct, accuracy, baseline, (accuracy - baseline) / (1 - baseline),
-                                     time.perf_counter() - start)
-        result.tasks[task] = task_result
-        result.examples += [{"task": task, **r} for r in records]
-        if progress:
-            progress(task_result)
-    model.train(was_training)
+    with evaluating(model):  # restored also when a task fails
+        for task in TASKS:
+            try:
+                examples = subset(load_task(task, bundle_dir, mmlu_source), max_per_task)
+            except TaskDataMissing as e:
+                result.missing[task] = str(e)
+                continue
+            if not examples:
+                result.missing[task] = "no examples"
+                continue
+            start = time.perf_counter()
+            records = []
+            if task in ("arc_easy", "arc_challenge", "mmlu"):
+                predictions = categorical_predictions(model, tokenizer, [e for _, e in examples], batch_size)
+                for (index, example), predicted in zip(examples, predictions):
+                    records.append({"prediction": LETTERS[predicted], "answer": LETTERS[example["gold"]],
+                                    "correct": predicted == example["gold"], "index": index})
+            elif task == "gsm8k":
+                replies = answer_texts(model, tokenizer, [e["question"] for _, e in examples], max_new_tokens, tool_use, batch_size)
+                for (index, example), reply in zip(examples, replies):
+                    predicted = final_number(reply)
+                    records.append({"prediction": predicted, "answer": example["answer"],
+                                    "correct": same_number(predicted, example["answer"]), "index": index, "reply": reply})
+            else:
+                replies = answer_texts(model, tokenizer, [e["prompt"] for _, e in examples], max_new_tokens, tool_use, batch_size)
+                result.sandbox = isolation_mode()
+                for (index, example), reply in zip(examples, replies):
+                    outcome = run_program(humaneval_program(example, reply), timeout_s, memory_mb, result.sandbox)
+                    records.append({"prediction": outcome.status, "answer": "passed", "correct": outcome.passed,
+                                    "index": index, "reply": reply, "detail": outcome.detail})
+            correct = sum(r["correct"] for r in records)
+            accuracy = correct / len(records)
+            baseline = BASELINES[task]
+            task_result = ChatTaskResult(task, len(records), correct, accuracy, baseline, (accuracy - baseline) / (1 - baseline),
+                                         time.perf_counter() - start)
+            result.tasks[task] = task_result
+            result.examples += [{"task": task, **r} for r in records]
+            if progress:
+                progress(task_result)
     return result

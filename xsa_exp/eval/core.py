@@ -42,15 +42,10 @@ Tasks whose data file is absent are skipped; the result then says how many of th
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import random
-import shutil
-import tempfile
-import urllib.request
-import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
@@ -58,10 +53,12 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from xsa_exp.eval.bundle import (CORE_META_FILE, CORE_TASKS_FILE, DOWNLOAD_COMMAND, BundleError, check_bundle, check_fields,
+                                 data_path, read_examples)
+from xsa_exp.eval.bundle import resolve_bundle_dir  # noqa: F401  (config.py imports it from here)
+from xsa_exp.model import evaluating
+
 N_CORE_TASKS = 22
-BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
-BUNDLE_ENV = "XSA_EXP_EVAL_BUNDLE"
-DEFAULT_BUNDLE_DIR = "~/.cache/xsa-exp/eval_bundle"
 SHUFFLE_SEED = 1337
 FEWSHOT_SEED = 1234
 REQUIRED_FIELDS = {
@@ -71,59 +68,16 @@ REQUIRED_FIELDS = {
 }
 
 
-class BundleError(Exception):
-    """The eval bundle is missing or malformed; the message names the problem and the fix."""
+class TokenEncoder(Protocol):
+    """What CORE needs of a tokenizer (xsa_exp.data.tokenizer.Tokenizer is one)."""
 
-
-class Tokenizer(Protocol):
     bos_id: int
 
     def encode(self, text: str) -> list[int]: ...
 
 
 # -----------------------------------------------------------------------------
-# Bundle: location, download, task specs, task data
-
-
-def resolve_bundle_dir(configured: str | os.PathLike | None = None) -> Path:
-    """The bundle directory: ``configured``, else $XSA_EXP_EVAL_BUNDLE, else ~/.cache/xsa-exp/eval_bundle."""
-    chosen = configured or os.environ.get(BUNDLE_ENV) or DEFAULT_BUNDLE_DIR
-    return Path(chosen).expanduser()
-
-
-def download_bundle(dest: str | os.PathLike, url: str = BUNDLE_URL) -> Path:
-    """Download and unzip the eval bundle into ``dest`` (no-op if it is already there)."""
-    dest = Path(dest).expanduser()
-    if (dest / "core.yaml").is_file():
-        return dest
-    if dest.exists() and any(dest.iterdir()):
-        raise BundleError(f"{dest} exists but holds no core.yaml; remove it or point {BUNDLE_ENV} at a complete bundle")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # Work next to dest so the final rename stays on one filesystem (atomic).
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".eval_bundle-") as tmp:
-        archive, unpacked = Path(tmp) / "eval_bundle.zip", Path(tmp) / "unpacked"
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response, open(archive, "wb") as f:
-                shutil.copyfileobj(response, f)
-        except OSError as e:  # URLError and socket timeouts are OSErrors
-            raise BundleError(
-                f"could not download the CORE eval bundle from {url} ({e}); "
-                f"place the unzipped bundle at {dest} yourself or set {BUNDLE_ENV} to its path"
-            ) from e
-        try:
-            with zipfile.ZipFile(archive) as zf:
-                zf.extractall(unpacked)
-        except zipfile.BadZipFile as e:
-            raise BundleError(f"{url} did not yield a valid zip ({e}); place the unzipped bundle at {dest} yourself") from e
-        root = unpacked / "eval_bundle" if (unpacked / "eval_bundle").is_dir() else unpacked
-        if not (root / "core.yaml").is_file():
-            raise BundleError(f"the archive from {url} holds no core.yaml; place the unzipped bundle at {dest} yourself")
-        try:
-            os.replace(root, dest)
-        except OSError:
-            if not (dest / "core.yaml").is_file():  # else another process placed it first
-                raise
-    return dest
+# Task specs and task data (the bundle itself: xsa_exp.eval.bundle)
 
 
 @dataclass(frozen=True)
@@ -138,14 +92,8 @@ class TaskSpec:
 
 def load_task_specs(bundle_dir: str | os.PathLike) -> list[TaskSpec]:
     """All tasks of core.yaml, in order, joined with their random baselines from eval_meta_data.csv."""
-    bundle_dir = Path(bundle_dir)
-    hint = f"download it with xsa_exp.eval.core.download_bundle() or set {BUNDLE_ENV} to a bundle directory"
-    if not bundle_dir.is_dir():
-        raise BundleError(f"CORE eval bundle not found at {bundle_dir}; {hint}")
-    config_path, meta_path = bundle_dir / "core.yaml", bundle_dir / "eval_meta_data.csv"
-    for path in (config_path, meta_path):
-        if not path.is_file():
-            raise BundleError(f"{path} is missing, so {bundle_dir} is not a complete eval bundle; {hint}")
+    bundle_dir = check_bundle(bundle_dir)
+    config_path, meta_path = bundle_dir / CORE_TASKS_FILE, bundle_dir / CORE_META_FILE
 
     with open(meta_path, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -185,7 +133,7 @@ def load_task_specs(bundle_dir: str | os.PathLike) -> list[TaskSpec]:
 
 
 def task_path(bundle_dir: str | os.PathLike, spec: TaskSpec) -> Path:
-    return Path(bundle_dir) / "eval_data" / spec.dataset_uri
+    return data_path(bundle_dir, spec.dataset_uri)
 
 
 def load_task_data(path: str | os.PathLike, task_type: str) -> list[tuple[int, dict]]:
@@ -193,33 +141,6 @@ def load_task_data(path: str | os.PathLike, task_type: str) -> list[tuple[int, d
     data = read_examples(path, lambda item, where: check_example(item, task_type, where))
     random.Random(SHUFFLE_SEED).shuffle(data)  # same permutation as shuffling the bare items
     return data
-
-
-def read_examples(path: str | os.PathLike, check: Callable[[dict, str], None]) -> list[tuple[int, dict]]:
-    """(line index, example) of a JSONL file of the bundle, each a JSON object passed to check(item, where);
-    blank lines are skipped."""
-    path = Path(path)
-    data = []
-    with open(path, encoding="utf-8") as f:
-        for line_index, line in enumerate(f):
-            if not line.strip():
-                continue
-            where = f"{path} line {line_index + 1}"
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BundleError(f"{where}: malformed JSON ({e.msg}); fix or remove that line") from e
-            if not isinstance(item, dict):
-                raise BundleError(f"{where}: expected a JSON object, got {type(item).__name__}; fix or remove that line")
-            check(item, where)
-            data.append((line_index, item))
-    return data
-
-
-def check_fields(item: dict, fields: Sequence[str], kind: str, where: str) -> None:
-    for key in fields:
-        if key not in item:
-            raise BundleError(f"{where}: missing field '{key}' required by {kind} examples; fix or remove that line")
 
 
 def check_example(item: dict, task_type: str, where: str) -> None:
@@ -286,7 +207,7 @@ def common_length(seqs: Sequence[Sequence[int]], from_end: bool = False) -> int:
     return n
 
 
-def token_spans(task_type: str, prompts: Sequence[str], tokenizer: Tokenizer) -> tuple[list[list[int]], list[int], list[int]]:
+def token_spans(task_type: str, prompts: Sequence[str], tokenizer: TokenEncoder) -> tuple[list[list[int]], list[int], list[int]]:
     """BOS-prefixed token sequences to forward, and per sequence the [start, end) span to score."""
     tokens = [[tokenizer.bos_id, *tokenizer.encode(p)] for p in prompts]
     if task_type == "multiple_choice":  # shared context, differing answers
@@ -319,7 +240,7 @@ def crop_left(tokens: list[list[int]], starts: list[int], ends: list[int], max_s
 
 
 @torch.no_grad()
-def score_example(model: torch.nn.Module, tokenizer: Tokenizer, task_type: str, prompts: Sequence[str],
+def score_example(model: torch.nn.Module, tokenizer: TokenEncoder, task_type: str, prompts: Sequence[str],
                   max_seq_len: int, device: torch.device) -> tuple[list[float], bool]:
     """Per-sequence mean CE over the span, and whether greedy decoding reproduces every span
     (the latter is the language_modeling criterion)."""
@@ -373,18 +294,8 @@ class CoreResult:
         core = sum(r.centered for r in results) / len(results)
         return cls(tasks={r.label: r for r in results}, core=core, n_tasks=len(results), examples=list(examples))
 
-    def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "core": self.core,
-            "n_tasks": self.n_tasks,
-            "n_total": self.n_total,
-            "tasks": {label: asdict(r) for label, r in self.tasks.items()},
-            "examples": self.examples,
-        }
 
-
-def evaluate_task(model: torch.nn.Module, tokenizer: Tokenizer, spec: TaskSpec, data: Sequence[tuple[int, dict]],
+def evaluate_task(model: torch.nn.Module, tokenizer: TokenEncoder, spec: TaskSpec, data: Sequence[tuple[int, dict]],
                   max_seq_len: int, device: torch.device) -> tuple[TaskResult, list[dict]]:
     """Score one task's (shuffled, capped) examples."""
     items = [item for _, item in data]
@@ -405,7 +316,7 @@ def evaluate_task(model: torch.nn.Module, tokenizer: Tokenizer, spec: TaskSpec, 
     return result, records
 
 
-def evaluate_core(model: torch.nn.Module, tokenizer: Tokenizer, bundle_dir: str | os.PathLike, max_seq_len: int,
+def evaluate_core(model: torch.nn.Module, tokenizer: TokenEncoder, bundle_dir: str | os.PathLike, max_seq_len: int,
                   max_per_task: int | None = None, tasks: Sequence[str] | None = None,
                   progress: Callable[[TaskResult, int, int], None] | None = None) -> CoreResult:
     """Evaluate CORE over the bundle's tasks whose data is present.
@@ -425,13 +336,11 @@ def evaluate_core(model: torch.nn.Module, tokenizer: Tokenizer, bundle_dir: str 
     present = [s for s in specs if task_path(bundle_dir, s).is_file()]
     if not present:
         raise BundleError(f"none of the selected CORE task files exist under {Path(bundle_dir) / 'eval_data'}; "
-                          "place the full bundle there (see download_bundle)")
+                          f"place the full bundle there ({DOWNLOAD_COMMAND})")
 
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     results, examples = [], []
-    try:
+    with evaluating(model):
         for n_done, spec in enumerate(present, start=1):
             data = load_task_data(task_path(bundle_dir, spec), spec.task_type)[:max_per_task]
             result, records = evaluate_task(model, tokenizer, spec, data, max_seq_len, device)
@@ -439,28 +348,10 @@ def evaluate_core(model: torch.nn.Module, tokenizer: Tokenizer, bundle_dir: str 
             examples.extend(records)
             if progress is not None:
                 progress(result, n_done, len(present))
-    finally:
-        model.train(was_training)
     return CoreResult.from_tasks(results, examples)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m xsa_exp.eval.core download [--dest DIR]`: fetch the public CORE eval bundle."""
-    import argparse
-    import sys
+if __name__ == "__main__":  # `python -m xsa_exp.eval.core download`: the older name of xsa_exp.eval.bundle's command
+    from xsa_exp.eval.bundle import main
 
-    parser = argparse.ArgumentParser(prog="python -m xsa_exp.eval.core", description="CORE eval bundle tools")
-    commands = parser.add_subparsers(dest="command", required=True)
-    download = commands.add_parser("download", help=f"download {BUNDLE_URL}")
-    download.add_argument("--dest", default=None, help=f"target folder (default: ${BUNDLE_ENV}, else {DEFAULT_BUNDLE_DIR})")
-    args = parser.parse_args(argv)
-    try:
-        path = download_bundle(resolve_bundle_dir(args.dest))
-    except BundleError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    print(f"CORE eval bundle ready at {path}; point eval.bundle_dir or ${BUNDLE_ENV} at it if it is not the default")
-
-
-if __name__ == "__main__":
-    main()
+    main(prog="python -m xsa_exp.eval.core")

@@ -28,6 +28,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
+from xsa_exp.model import evaluating
+
 METRICS = ("attn_self_cos", "out_self_cos", "diag_attn", "value_sim", "attn_entropy")
 
 
@@ -91,15 +93,10 @@ def attention_diagnostics(model, idx: torch.Tensor, autocast=nullcontext) -> dic
 
     idx: (B, T) token ids. autocast: a callable returning the forward's context (as in training)."""
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        # fork_rng restores the CPU (and this CUDA device's) RNG, so the pass cannot shift training's randomness.
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
-                probes_installed(model) as probes, autocast():
-            model.forward(idx.to(device))  # .forward runs eagerly even after model.compile(), whose graph has no probes
-    finally:
-        model.train(was_training)
+    # fork_rng restores the CPU (and this CUDA device's) RNG, so the pass cannot shift training's randomness.
+    with evaluating(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+            probes_installed(model) as probes, autocast():
+        model.forward(idx.to(device))  # .forward runs eagerly even after model.compile(), whose graph has no probes
     means = [probe.means() for probe in probes]
     return {name: torch.stack([m[name] for m in means]) for name in METRICS}
 

@@ -23,6 +23,16 @@ def value_embedding_layers(n_layer: int, enabled: bool = True) -> list[int]:
     return [i for i in range(n_layer) if i % 2 == (n_layer - 1) % 2] if enabled else []
 
 
+# nanochat's starting points, named for why they are what they are:
+# the untied output head starts near zero, so the first logits are nearly uniform and the initial loss is
+# close to ln(vocab_size) instead of a confident random guess that the first updates must undo;
+LM_HEAD_INIT_STD = 0.001
+# each block's residual stream starts as itself plus a tenth of the token embedding x0 (x = r_i x + l_i x0,
+# r_i = 1, l_i = 0.1): enough of a skip to the input to help early training, small enough not to swamp the
+# block outputs; both scalars are learned from there.
+X0_LAMBDA_INIT = 0.1
+
+
 @dataclass
 class GPTConfig:
     sequence_len: int = 2048
@@ -231,7 +241,7 @@ class GPT(nn.Module):
         self.resid_lambdas = self.x0_lambdas = None
         if config.resid_scalars:
             self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
-            self.x0_lambdas = nn.Parameter(torch.full((config.n_layer,), 0.1))
+            self.x0_lambdas = nn.Parameter(torch.full((config.n_layer,), X0_LAMBDA_INIT))
         if config.rope:
             cos, sin = rotary_cos_sin(config.sequence_len, config.head_dim, config.rope_base)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -247,7 +257,7 @@ class GPT(nn.Module):
             nn.init.normal_(self.wte.weight, std=0.02)  # one matrix serves both ends: GPT-2's init
         else:
             nn.init.normal_(self.wte.weight, std=1.0)
-            nn.init.normal_(self.lm_head.weight, std=0.001)
+            nn.init.normal_(self.lm_head.weight, std=LM_HEAD_INIT_STD)
         for block in self.blocks:
             for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
                 nn.init.uniform_(lin.weight, -bound, bound)

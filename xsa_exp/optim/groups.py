@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from xsa_exp.optim.muon_adamw import MuonAdamW
 
 # Roles whose AdamW lr shrinks with width as (n_embd / 768)^-0.5, as nanochat does; scalars keep theirs.
 WIDTH_SCALED_ROLES = ("embedding", "value_embedding", "unembedding")
@@ -29,6 +28,3 @@ def build_param_groups(model, optim_cfg) -> list[dict]:
                            eps=float(adamw.eps), weight_decay=wd))
     return groups
 
-
-def build_optimizer(model, optim_cfg) -> MuonAdamW:
-    return MuonAdamW(build_param_groups(model, optim_cfg))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -11,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from xsa_exp import run_dir as rd
 from xsa_exp.report.sweep import expected_jobs
 
 HEADLINE = re.compile(r"(Chat)?CORE( \d+/\d+)?")  # summary.json names: CORE, CORE 18/22, ChatCORE, ChatCORE 3/5
-EVAL_TIME = re.compile(r"(\d{8}-\d{6})$")  # eval/<checkpoint>-step<N>-<YYYYmmdd-HHMMSS>
 
 
 class ReportError(Exception):
@@ -148,7 +147,7 @@ def discover(paths: list[Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
     for root in paths:
         if not root.is_dir():
             raise ReportError(f"no such directory: {root}")
-        runs |= {p.parent.resolve() for p in root.rglob("run.json") if (p.parent / "config.yaml").is_file()}
+        runs |= {p.parent.resolve() for p in root.rglob(rd.RUN) if (p.parent / rd.CONFIG).is_file()}
         for sweep in sorted({m.parent for m in root.rglob("multirun.yaml")}):
             jobs = expected_jobs(sweep)
             numbered = {int(d.name) for d in sweep.iterdir() if d.is_dir() and d.name.isdigit()}
@@ -156,7 +155,7 @@ def discover(paths: list[Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
                 job, name = sweep / str(num), f"sweep job {num}" + (f" ({jobs[num]})" if jobs.get(num) else "")
                 if not job.is_dir():
                     problems.append((job, f"missing: {name} has no directory (never started, or queued)"))
-                elif not (job / "run.json").is_file():
+                elif not (job / rd.RUN).is_file():
                     problems.append((job, f"failed: {name} has no run.json (stopped before training)"))
     return sorted(runs), problems
 
@@ -165,13 +164,13 @@ def load_run(path: Path, label: str) -> Run:
     """The run at `path`; run.complete is False without metrics.csv or checkpoints/final.ckpt (a failed or
     unfinished run: not in the tables of results, but counted where stability is)."""
     try:
-        info = json.loads((path / "run.json").read_text())
-        if (path / "metrics.csv").is_file():
+        info = rd.read_run_info(path)
+        if (path / rd.METRICS).is_file():
             # Empty cells are keys a row did not log; "nan" is a logged NaN (a diverged run) and must stay visible.
-            raw = pd.read_csv(path / "metrics.csv", dtype=str, keep_default_na=False)
+            raw = pd.read_csv(path / rd.METRICS, dtype=str, keep_default_na=False)
         else:
             raw = pd.DataFrame({"step": pd.Series(dtype=str)})
-        status = json.loads((path / "status.json").read_text()) if (path / "status.json").is_file() else {}
+        status = rd.read_status(path)
         arm, depth, seed = Arm.of(info), stage_depth(info), int(info["seed"])
     except (OSError, ValueError) as e:  # JSONDecodeError and pandas' parser errors are ValueErrors
         raise RunProblem(f"unreadable: {type(e).__name__}: {e}") from None
@@ -179,7 +178,7 @@ def load_run(path: Path, label: str) -> Run:
         raise RunProblem(f"run.json lacks {e}") from None
     if "step" not in raw:
         raise RunProblem("metrics.csv has no step column")
-    complete = (path / "metrics.csv").is_file() and (path / "checkpoints" / "final.ckpt").is_file()
+    complete = (path / rd.METRICS).is_file() and rd.final_checkpoint(path).is_file()
     if complete and raw.empty:
         raise RunProblem("metrics.csv has no rows")
     n_params = int(info.get("param_counts", {}).get("total", 0))
@@ -191,7 +190,7 @@ def load_run(path: Path, label: str) -> Run:
 
 
 def incomplete_reason(run: Run) -> str:
-    lacking = [name for name in ("metrics.csv", "checkpoints/final.ckpt") if not (run.path / name).is_file()]
+    lacking = [str(p.relative_to(run.path)) for p in (run.path / rd.METRICS, rd.final_checkpoint(run.path)) if not p.is_file()]
     status = run.status.get("status")
     why = f"{status} at step {run.status.get('step')}" + (f": {run.status['error']}" if run.status.get("error") else "") \
         if status in ("failed", "interrupted") else "failed, or still running"
@@ -214,7 +213,7 @@ def add_final_values(run: Run) -> None:
         run.val_scope = run.info.get("val_scope")
     if not run.complete:
         return
-    for folder, summary in evaluations(run.path):
+    for folder, summary in rd.evaluations(run.path):
         if summary["step"] < run.steps:  # an earlier checkpoint: not the run's final numbers
             continue
         for name, value in summary["metrics"].items():
@@ -224,35 +223,10 @@ def add_final_values(run: Run) -> None:
             run.val_scope = summary.get("val_scope")
 
 
-def evaluations(path: Path) -> list[tuple[Path, dict]]:
-    """(folder, summary.json) of the run's evaluations, oldest first: by checkpoint step, then time."""
-    found = []
-    for summary_path in (path / "eval").glob("*/summary.json"):
-        try:
-            summary = json.loads(summary_path.read_text())
-        except (OSError, ValueError):  # an evaluation that crashed while writing; the others still count
-            continue
-        folder = summary_path.parent
-        stamp = EVAL_TIME.search(folder.name)
-        found.append(((summary["step"], stamp.group(1) if stamp else "", folder.stat().st_mtime), folder, summary))
-    return [(folder, summary) for _, folder, summary in sorted(found, key=lambda f: f[0])]
-
-
 def last_alpha(path: Path) -> np.ndarray | None:
     """α per layer and head from the last diagnostics.jsonl line that has it (None without one)."""
-    last = None
-    try:
-        with open(path / "diagnostics.jsonl") as f:
-            for line in filter(str.strip, f):
-                try:
-                    record = json.loads(line)
-                except ValueError:  # a line cut short by a crash
-                    continue
-                if "alpha" in record:
-                    last = record["alpha"]
-    except OSError:
-        return None
-    return None if last is None else np.asarray(last, dtype=float)
+    alphas = [record["alpha"] for record in rd.read_diagnostics(path) if "alpha" in record]
+    return np.asarray(alphas[-1], dtype=float) if alphas else None
 
 
 def describe_scope(scope: dict | None) -> str:

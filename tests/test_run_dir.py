@@ -1,0 +1,64 @@
+"""xsa_exp.run_dir: the newest-checkpoint rule, the status and run.json writers, eval folders."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xsa_exp import run_dir as rd
+
+
+def save(path, step):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"global_step": step}, path)
+
+
+def test_newest_checkpoint_is_final_then_the_highest_step_by_number(tmp_path):
+    assert rd.newest_checkpoint(tmp_path) is None
+    for step in (999_999, 1_000_000, 5):  # by name, step999999 would sort after step1000000
+        save(rd.step_checkpoint(tmp_path, step), step)
+    (rd.checkpoints_dir(tmp_path) / "other.ckpt").write_bytes(b"not a run's checkpoint")
+    assert rd.newest_checkpoint(tmp_path).name == "step1000000.ckpt"
+    save(rd.final_checkpoint(tmp_path), 1_000_001)
+    assert rd.newest_checkpoint(tmp_path) == rd.final_checkpoint(tmp_path)
+    assert [rd.checkpoint_step(p) for p in rd.checkpoints_newest_first(tmp_path)] == [None, 1_000_000, 999_999, 5]
+
+
+def test_unreadable_newest_checkpoint_falls_back_with_a_warning(tmp_path):
+    save(rd.step_checkpoint(tmp_path, 2), 2)
+    rd.step_checkpoint(tmp_path, 4).write_bytes(b"cut short")
+    with pytest.warns(UserWarning, match="step000004.ckpt is unreadable"):
+        assert rd.newest_checkpoint(tmp_path) == rd.step_checkpoint(tmp_path, 2)
+    with pytest.warns(UserWarning):
+        assert rd.find_checkpoint(tmp_path) == rd.step_checkpoint(tmp_path, 2)
+    rd.step_checkpoint(tmp_path, 2).write_bytes(b"")
+    with pytest.warns(UserWarning), pytest.raises(rd.RunError, match="has no loadable checkpoints"):
+        rd.find_checkpoint(tmp_path)
+
+
+def test_status_and_run_info_round_trip(tmp_path):
+    assert rd.read_status(tmp_path) == {}
+    rd.write_status(tmp_path, "failed", 7, "FloatingPointError: x")
+    assert rd.read_status(tmp_path) == {"status": "failed", "step": 7, "error": "FloatingPointError: x"}
+    with pytest.raises(ValueError):
+        rd.write_status(tmp_path, "done", 7)
+    arm = rd.arm_info(stage="base", depth="d2", alpha=1.0, learnable=False, layers="all", value_source="mixed",
+                      optim="muon", lr_scale=1.0, seed=3)
+    info = rd.run_info(run_dir=tmp_path, max_steps=10, tokens_per_step=512, grad_accumulation=1, precision="32-true",
+                       precision_reason="test", xsa_layers=[0, 1], param_counts={"total": 5}, arm=arm)
+    rd.write_run_files(tmp_path, "seed: 3\n", info)
+    rd.update_run_info(tmp_path, val_scope={"whole": True})
+    assert rd.read_run_info(tmp_path) == {**info, "val_scope": {"whole": True}}
+    assert rd.trained_precision(tmp_path) == "32-true" and rd.trained_precision(tmp_path / "none") == "32-true"
+    assert not list(tmp_path.glob(".*"))  # no temporary files left behind by the atomic writes
+
+
+def test_eval_folders_never_reuse_one_and_are_read_oldest_first(tmp_path):
+    first = rd.new_eval_dir(tmp_path, "checkpoints/final.ckpt", 10, "20260101-120000")
+    again = rd.new_eval_dir(tmp_path, "checkpoints/final.ckpt", 10, "20260101-120000")
+    earlier = rd.new_eval_dir(tmp_path, "step000005.ckpt", 5, "20260102-000000")
+    assert first.name == "final-step10-20260101-120000" and again.name == first.name + "-2"
+    for folder, step in ((first, 10), (again, 10), (earlier, 5)):
+        rd.write_summary(folder, rd.eval_summary(run=tmp_path, checkpoint=folder.name, step=step, metrics={"x": 1.0}))
+    (rd.new_eval_dir(tmp_path, "final.ckpt", 10) / rd.SUMMARY).write_text("{cut")
+    assert [f for f, _ in rd.evaluations(tmp_path)] == [earlier, first, again]

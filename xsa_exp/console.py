@@ -1,0 +1,55 @@
+"""What a run prints: our own lines, not the libraries' chatter, unless XSA_EXP_VERBOSE=1 asks for everything.
+
+Quiet by default: Lightning's hardware lines, tips and "fit stopped"/"weights_only" notes; wandb's banner
+and its "anonymous setting" warning (an offline run still says where its log is); the torch pytree
+deprecation warning Lightning triggers; datasets' progress bars ("Generating train split"). Warnings
+and errors of our own, and every library's errors, still show.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+
+VERBOSE_ENV = "XSA_EXP_VERBOSE"
+LIGHTNING_NOISE = re.compile(r"GPU available|TPU available|HPU available|💡 Tip|`Trainer\.fit` stopped|"
+                             r"`weights_only` was not set|LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES")
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+class DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not LIGHTNING_NOISE.search(record.getMessage())
+
+
+def quiet_libraries() -> None:
+    """Silence the libraries' chatter for this process (and the processes it starts), unless verbose()."""
+    if verbose():
+        return
+    os.environ.setdefault("WANDB_SILENT", "true")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    try:  # in case datasets was imported before the variable was set
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:
+        pass
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # Lightning logs these through its rank_zero loggers (ours too: the filter keeps our lines) and the
+    # checkpoint connector (weights_only).
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+                 "lightning.pytorch.trainer.connectors.checkpoint_connector"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, DropNoise) for f in logger.filters):
+            logger.addFilter(DropNoise())
+
+
+def quiet_wandb_logger(logger) -> None:
+    """Lightning's WandbLogger passes wandb.init an `anonymous` setting that current wandb only warns about."""
+    if not verbose():
+        getattr(logger, "_wandb_init", {}).pop("anonymous", None)

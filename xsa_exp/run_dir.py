@@ -1,0 +1,358 @@
+"""The run directory: the one place that knows its layout, writes and reads its files, and loads a run back.
+
+    <run>/config.yaml          the resolved config (train.py writes it; a resume must match it)
+    <run>/run.json             what the run is (arm, schedule, precision, parameter counts; val_scope once done)
+    <run>/status.json          completed | interrupted | failed, the step reached and the error if any
+    <run>/metrics.csv          one row per logger call (CSVLogger), see callbacks.py for the step convention
+    <run>/diagnostics.jsonl    attention diagnostics per head, one line per measured step
+    <run>/checkpoints/         step000123.ckpt (periodic, preemption) and final.ckpt
+    <run>/tokenizer/           the tokenizer, copied so the run outlives the cache
+    <run>/eval/<checkpoint>-step<N>-<YYYYmmdd-HHMMSS>/summary.json (+ per-task files), one folder per evaluate.py
+
+The newest checkpoint, for resuming and for loading alike: final.ckpt, else the step checkpoint with the highest
+step number in its name; one that does not load is skipped with a warning.
+
+Importing this module is cheap (no torch); what loads checkpoints imports torch when called.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pickle
+import re
+import tempfile
+import time
+import warnings
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from xsa_exp.data.tokenizer import Tokenizer
+    from xsa_exp.model import GPT
+
+CONFIG = "config.yaml"
+RUN = "run.json"
+STATUS = "status.json"
+METRICS = "metrics.csv"
+DIAGNOSTICS = "diagnostics.jsonl"
+CHECKPOINTS = "checkpoints"
+FINAL = "final.ckpt"
+TOKENIZER = "tokenizer"
+EVAL = "eval"
+SUMMARY = "summary.json"
+STEP_CHECKPOINT = "step{step:06d}"  # a checkpoint's name without .ckpt (also Lightning's filename template)
+STEP_NAME = re.compile(r"step(\d+)(?:-v\d+)?\.ckpt")
+EVAL_TIME = re.compile(r"(\d{8}-\d{6})(?:-\d+)?$")  # eval/<checkpoint>-step<N>-<YYYYmmdd-HHMMSS>[-<n>]
+STATUSES = ("completed", "interrupted", "failed")
+
+
+class RunError(Exception):
+    """A run or checkpoint that cannot be loaded; the message is one line naming the file and the fix."""
+
+
+# -----------------------------------------------------------------------------
+# Paths
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def final_checkpoint(run_dir: Path) -> Path:
+    return checkpoints_dir(run_dir) / FINAL
+
+
+def step_checkpoint(run_dir: Path, step: int) -> Path:
+    return checkpoints_dir(run_dir) / f"{STEP_CHECKPOINT.format(step=step)}.ckpt"
+
+
+def is_finished(run_dir: Path) -> bool:
+    """A run that trained to the end: its config and final checkpoint are there."""
+    return (Path(run_dir) / CONFIG).is_file() and final_checkpoint(run_dir).is_file()
+
+
+# -----------------------------------------------------------------------------
+# run.json, status.json, config.yaml
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary file beside path, then rename: a reader sees the old or the new file, never half."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: dict) -> None:
+    atomic_write_text(path, json.dumps(data, indent=1))
+
+
+def arm_info(*, stage: str, depth: str, alpha: float, learnable: bool, layers, value_source: str, optim: str,
+             lr_scale: float, seed: int) -> dict:
+    """The arm of a run in a few top-level keys of run.json, for grouping in wandb and the report."""
+    return {"stage": stage, "depth": depth, "alpha": alpha, "learnable": learnable, "layers": layers,
+            "value_source": value_source, "optim": optim, "lr_scale": lr_scale, "seed": seed}
+
+
+def run_info(*, run_dir: Path | str, max_steps: int, tokens_per_step: int, grad_accumulation: int, precision: str,
+             precision_reason: str, xsa_layers: list[int], param_counts: dict[str, int], arm: dict,
+             init_from: dict | None = None) -> dict:
+    """run.json's content at the start of a run (val_scope is added at the end, see update_run_info)."""
+    info = {"run_dir": str(run_dir), "max_steps": max_steps, "tokens_per_step": tokens_per_step,
+            "grad_accumulation": grad_accumulation, "precision": precision, "precision_reason": precision_reason,
+            "xsa_layers": xsa_layers, "param_counts": param_counts, **arm}
+    if init_from is not None:
+        info["init_from"] = init_from
+    return info
+
+
+def write_run_files(run_dir: Path, config_yaml: str, info: dict) -> None:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / CONFIG, config_yaml)
+    write_json(run_dir / RUN, info)
+
+
+def read_run_info(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / RUN).read_text())
+
+
+def update_run_info(run_dir: Path, **entries) -> None:
+    """Add what is known only after training (e.g. how much of the validation split val/bpb covers)."""
+    write_json(Path(run_dir) / RUN, {**read_run_info(run_dir), **entries})
+
+
+def trained_precision(run_dir: Path) -> str:
+    """The precision the run trained with (run.json; 32-true for a run without one)."""
+    path = Path(run_dir) / RUN
+    return json.loads(path.read_text())["precision"] if path.is_file() else "32-true"
+
+
+def write_status(run_dir: Path, status: str, step: int, error: str | None = None) -> None:
+    """status.json: completed | interrupted | failed, with the step reached and the error if any."""
+    if status not in STATUSES:
+        raise ValueError(f"status {status!r} is not one of {STATUSES}")
+    write_json(Path(run_dir) / STATUS, {"status": status, "step": step, "error": error})
+
+
+def read_status(run_dir: Path) -> dict:
+    """status.json, or {} when the run has none (still running, or killed without a word)."""
+    path = Path(run_dir) / STATUS
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+# -----------------------------------------------------------------------------
+# metrics.csv and diagnostics.jsonl
+
+
+def read_metric_rows(run_dir: Path, up_to_step: int | None = None) -> list[dict[str, str]]:
+    """metrics.csv's rows (only the cells a row logged), those after up_to_step left out."""
+    with open(Path(run_dir) / METRICS, newline="") as f:
+        return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)
+                if up_to_step is None or int(row["step"]) <= up_to_step]
+
+
+def append_diagnostics(run_dir: Path, record: dict) -> None:
+    with open(Path(run_dir) / DIAGNOSTICS, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def diagnostics_step(line: str) -> float:
+    """The step of a diagnostics.jsonl line; a line cut short by a kill counts as after any checkpoint."""
+    try:
+        return json.loads(line)["step"]
+    except ValueError:
+        return float("inf")
+
+
+def truncate_diagnostics(run_dir: Path, step: int) -> None:
+    """Keep the diagnostics.jsonl lines up to step (a resumed run measures the later ones again)."""
+    path = Path(run_dir) / DIAGNOSTICS
+    if path.is_file():
+        kept = [line for line in path.read_text().splitlines() if diagnostics_step(line) <= step]
+        path.write_text("".join(line + "\n" for line in kept))
+
+
+def read_diagnostics(run_dir: Path) -> list[dict]:
+    """diagnostics.jsonl's records; a line cut short by a crash is skipped. [] without the file."""
+    records = []
+    try:
+        with open(Path(run_dir) / DIAGNOSTICS) as f:
+            for line in filter(str.strip, f):
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    continue
+    except OSError:
+        return []
+    return records
+
+
+def set_aside_unfinished_logs(run_dir: Path) -> None:
+    """A run restarted without any checkpoint keeps its earlier partial logs under other names, never deletes them."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for name in (METRICS, DIAGNOSTICS):
+        path = Path(run_dir) / name
+        if path.is_file():
+            path.rename(path.with_name(f"{path.stem}.unfinished-{stamp}{path.suffix}"))
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step in a step checkpoint's name (step000123.ckpt, or Lightning's step000123-v1.ckpt); None otherwise."""
+    m = STEP_NAME.fullmatch(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def checkpoints_newest_first(run_dir: Path) -> list[Path]:
+    """final.ckpt, then the step checkpoints by the step in their names, highest first. Other *.ckpt files
+    (not written by a run) are not candidates."""
+    folder = checkpoints_dir(run_dir)
+    steps = [(checkpoint_step(p), p.name, p) for p in folder.glob("step*.ckpt") if checkpoint_step(p) is not None]
+    final = [final_checkpoint(run_dir)] if final_checkpoint(run_dir).is_file() else []
+    return final + [p for _, _, p in sorted(steps, reverse=True)]
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint that loads (see checkpoints_newest_first); an unreadable newer one is skipped with a warning."""
+    import torch
+
+    for path in checkpoints_newest_first(run_dir):
+        try:
+            torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+            return path
+        except Exception as e:  # truncated or corrupt: any load error means "not this one"
+            warnings.warn(f"checkpoint {path} is unreadable ({type(e).__name__}); falling back to the previous one",
+                          UserWarning, stacklevel=2)
+    return None
+
+
+def find_checkpoint(path: Path) -> Path:
+    """A checkpoint file as given, or a run directory's newest checkpoint."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise RunError(f"no such run directory or checkpoint: {path}")
+    found = newest_checkpoint(path)
+    if found is None:
+        raise RunError(f"run directory {path} has no loadable checkpoints/*.ckpt; was the run finished?")
+    return found
+
+
+def checkpoint_meta(config: dict | None, skipped_steps: int) -> dict:
+    """What a checkpoint carries beyond Lightning's state: enough to rebuild the model without the run directory."""
+    return {"config": config, "tokenizer_dir": TOKENIZER, "skipped_steps": skipped_steps}
+
+
+@dataclass
+class LoadedRun:
+    run_dir: Path
+    checkpoint: Path
+    config: DictConfig
+    model: GPT
+    tokenizer: Tokenizer
+    step: int
+
+
+def load_trained(path: str | Path, map_location="cpu") -> LoadedRun:
+    """The model, config and tokenizer of a run directory (its newest checkpoint) or of one checkpoint file."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from xsa_exp.data.tokenizer import Tokenizer
+    from xsa_exp.model import GPT, GPTConfig
+
+    checkpoint_path = find_checkpoint(Path(path).expanduser().resolve())
+    run_dir = checkpoint_path.parent.parent
+    try:
+        checkpoint = torch.load(checkpoint_path, map_location=map_location, weights_only=False)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
+        raise RunError(f"checkpoint {checkpoint_path} is truncated, corrupt or unreadable ({type(e).__name__}: "
+                       f"{' '.join(str(e).split())[:120]}); use another checkpoint of the run") from None
+    meta = checkpoint.get("xsa_exp") if isinstance(checkpoint, dict) else None
+    if not meta or "state_dict" not in checkpoint:
+        raise RunError(f"{checkpoint_path} is not an xsa-exp checkpoint (no xsa_exp metadata or state_dict)")
+    config = OmegaConf.create(meta["config"])
+    model = GPT(GPTConfig.from_config(config.model, config.xsa))
+    state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        detail = " ".join(str(e).split())[:300]
+        raise RunError(f"checkpoint {checkpoint_path} does not match its config: {detail}") from None
+    try:
+        tokenizer = Tokenizer.load(run_dir / meta["tokenizer_dir"])
+    except (FileNotFoundError, ValueError) as e:
+        raise RunError(f"cannot load the run's tokenizer: {e}") from None
+    model.eval()
+    return LoadedRun(run_dir, checkpoint_path, config, model, tokenizer, int(checkpoint.get("global_step", 0)))
+
+
+# -----------------------------------------------------------------------------
+# Evaluations: eval/<checkpoint>-step<N>-<time>/
+
+
+def new_directory(path: Path) -> Path:
+    """Create path, or path-2, path-3, ... if it exists: results never land in an existing folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    candidate, n = path, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = path.with_name(f"{path.name}-{n}")
+
+
+def eval_dir_name(checkpoint: Path | str, step: int, stamp: str | None = None) -> str:
+    return f"{Path(checkpoint).stem}-step{step}-{stamp or time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def new_eval_dir(run_dir: Path, checkpoint: Path | str, step: int, stamp: str | None = None) -> Path:
+    """A new folder for one evaluation of checkpoint (at step) of the run; nothing that was there is touched."""
+    return new_directory(Path(run_dir) / EVAL / eval_dir_name(checkpoint, step, stamp))
+
+
+def eval_summary(*, run: Path | str, checkpoint: Path | str, step: int, metrics: dict[str, float],
+                 precision: str | None = None, **extra) -> dict:
+    """summary.json's content: the evaluated run, checkpoint and step, every headline number, and extras
+    (val_scope, core, sandbox)."""
+    summary = {"run": str(run), "checkpoint": str(checkpoint), "step": step}
+    if precision is not None:
+        summary["precision"] = precision
+    return {**summary, "metrics": metrics, **extra}
+
+
+def write_summary(folder: Path, summary: dict) -> None:
+    atomic_write_text(Path(folder) / SUMMARY, json.dumps(summary, indent=1))
+
+
+def evaluations(run_dir: Path) -> list[tuple[Path, dict]]:
+    """(folder, summary.json) of the run's evaluations, oldest first: by checkpoint step, then time. A summary
+    that cannot be read (an evaluation that crashed while writing) is left out."""
+    found = []
+    for summary_path in (Path(run_dir) / EVAL).glob(f"*/{SUMMARY}"):
+        try:
+            summary = json.loads(summary_path.read_text())
+        except (OSError, ValueError):
+            continue
+        folder = summary_path.parent
+        stamp = EVAL_TIME.search(folder.name)
+        found.append(((summary["step"], stamp.group(1) if stamp else "", folder.stat().st_mtime), folder, summary))
+    return [(folder, summary) for _, folder, summary in sorted(found, key=lambda f: f[0])]
