@@ -12,7 +12,7 @@ from matplotlib.ticker import MaxNLocator
 from xsa_exp.report.compare import ArmResult, ScalePoint
 from xsa_exp.report.stats import band
 
-PLOTTED_DIAGNOSTICS = ("attn_self_cos", "out_self_cos", "diag_attn")
+PLOTTED_DIAGNOSTICS = ("attn_self_cos", "out_self_cos", "diag_attn", "attn_entropy")
 
 
 def plot_band(ax, curve: pd.DataFrame, x: str, color: str, label: str | None, **line) -> None:
@@ -37,9 +37,10 @@ def plot_curves(depth: str, results: list[ArmResult], path: Path) -> None:
                 plot_band(axes[0, col], smooth, x, color, result.arm.label, lw=1.4)
             if not val.empty:
                 plot_band(axes[1, col], val, x, color, result.arm.label, marker="o", ms=3, lw=1.2)
-    for row, name in enumerate(("train loss (thin: raw mean, thick: smoothed mean)", "val bpb")):
+    fig.suptitle(f"{depth}: mean over seeds, band from the lowest to the highest seed")
+    for row, name in enumerate(("train loss (thin: raw, thick: smoothed)", "val bpb")):
         for col, x in enumerate(("step", "tokens seen")):
-            axes[row, col].set(title=f"{depth}: {name}; band: min–max over seeds", xlabel=x)
+            axes[row, col].set(title=name, xlabel=x)
             axes[row, col].grid(alpha=0.3)
     axes[1, 0].legend(fontsize=8)
     fig.savefig(path, dpi=110)
@@ -47,7 +48,7 @@ def plot_curves(depth: str, results: list[ArmResult], path: Path) -> None:
 
 def plot_diagnostics(depth: str, results: list[ArmResult], path: Path) -> bool:
     """Per-layer diagnostics of the last diagnostics row, mean over each arm's seeds; False if none were logged."""
-    fig = Figure(figsize=(13, 4), layout="constrained")
+    fig = Figure(figsize=(4.3 * len(PLOTTED_DIAGNOSTICS), 4), layout="constrained")
     axes = fig.subplots(1, len(PLOTTED_DIAGNOSTICS))
     plotted = False
     for ax, name in zip(axes, PLOTTED_DIAGNOSTICS):
