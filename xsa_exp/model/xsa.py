@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from xsa_exp.errors import ConfigError
+
 LAYER_SELECTIONS = "all, none, a list of layer indices, first:K, last:K, every:N, ve, non_ve"
 
 
@@ -42,20 +44,20 @@ def initial_theta(alpha: float, parametrization: str) -> float:
 
 
 def resolve_layers(spec, n_layer: int, ve_layers: list[int]) -> list[int]:
-    """Turn an `xsa.layers` value into a sorted list of layer indices, or raise ValueError."""
+    """Turn an `xsa.layers` value into a sorted list of layer indices, or raise ConfigError."""
     allowed = f"allowed: {LAYER_SELECTIONS} (n_layer={n_layer})"
     if isinstance(spec, (list, tuple)):
         layers = list(spec)
         for i in layers:
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n_layer:
-                raise ValueError(f"xsa.layers: layer {i!r} is out of range; use indices in 0..{n_layer - 1}")
+                raise ConfigError(f"xsa.layers: layer {i!r} is out of range; use indices in 0..{n_layer - 1}")
         if len(set(layers)) != len(layers):
-            raise ValueError(f"xsa.layers: duplicate layer in {layers}; list each layer once")
+            raise ConfigError(f"xsa.layers: duplicate layer in {layers}; list each layer once")
         return sorted(layers)
     if isinstance(spec, int) and not isinstance(spec, bool):
         return resolve_layers([spec], n_layer, ve_layers)
     if not isinstance(spec, str):
-        raise ValueError(f"xsa.layers: cannot read {spec!r}; {allowed}")
+        raise ConfigError(f"xsa.layers: cannot read {spec!r}; {allowed}")
     named = {"all": list(range(n_layer)), "none": [], "ve": list(ve_layers),
              "non_ve": [i for i in range(n_layer) if i not in ve_layers]}
     if spec in named:
@@ -66,6 +68,6 @@ def resolve_layers(spec, n_layer: int, ve_layers: list[int]) -> list[int]:
         if kind == "every":
             return list(range(0, n_layer, k))
         if k > n_layer:
-            raise ValueError(f"xsa.layers: {spec} asks for more layers than the model has; use K <= {n_layer}")
+            raise ConfigError(f"xsa.layers: {spec} asks for more layers than the model has; use K <= {n_layer}")
         return list(range(k)) if kind == "first" else list(range(n_layer - k, n_layer))
-    raise ValueError(f"xsa.layers: unknown selection {spec!r}; {allowed}")
+    raise ConfigError(f"xsa.layers: unknown selection {spec!r}; {allowed}")

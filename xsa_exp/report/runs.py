@@ -11,12 +11,13 @@ import numpy as np
 import pandas as pd
 
 from xsa_exp import run_dir as rd
+from xsa_exp.errors import UserError
 from xsa_exp.report.sweep import expected_jobs
 
 HEADLINE = re.compile(r"(Chat)?CORE( \d+/\d+)?")  # summary.json names: CORE, CORE 18/22, ChatCORE, ChatCORE 3/5
 
 
-class ReportError(Exception):
+class ReportError(UserError):
     """Nothing to report or nowhere to write it; the message is one line."""
 
 
