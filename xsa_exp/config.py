@@ -27,7 +27,7 @@ from xsa_exp import schema
 from xsa_exp.errors import ConfigError, exit_on_user_error
 
 from xsa_exp.model.gpt import value_embedding_layers
-from xsa_exp.model.xsa import resolve_layers
+from xsa_exp.model.xsa import XSASettings
 
 
 SAMPLE_CORPUS_MAX_VOCAB = 21249
@@ -230,7 +230,7 @@ def validate(cfg: DictConfig) -> None:
     if (isinstance(layers, bool) or not isinstance(layers, (str, int, list))
             or isinstance(layers, list) and not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)):
         raise ConfigError(f"xsa.layers={fmt(x.layers)} is not a layer selection; allowed: {schema_meta('xsa', 'layers')['accepts']}")
-    resolve_layers(layers, m.n_layer, value_embedding_layers(m.n_layer, m.value_embeds))
+    XSASettings.from_config(x, m.n_layer, value_embedding_layers(m.n_layer, m.value_embeds))  # resolves xsa.layers
     o = cfg.optim
     if len(o.adamw.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.adamw.betas):
         raise ConfigError(f"optim.adamw.betas={fmt(o.adamw.betas)} must be two numbers in [0, 1)")
