@@ -23,7 +23,9 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from xsa_exp import run_dir as rd
 from xsa_exp import schema
+from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.errors import ConfigError, exit_on_user_error
 
 from xsa_exp.model.gpt import value_embedding_layers
@@ -205,7 +207,9 @@ def grad_accumulation(cfg: DictConfig) -> int:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError on the first problem found: the schema's bounds and choices, then what types cannot say."""
+    """Raise a UserError on the first problem found: the schema's bounds and choices, then what types cannot say.
+    A ConfigError mostly; the data settings' own checks raise a DataSettingError (also a ConfigError), and a
+    missing eval bundle the BundleError training would raise."""
     check_schema(cfg)
     m, x = cfg.model, cfg.xsa
     if m.n_embd % m.n_head:
@@ -239,13 +243,8 @@ def validate(cfg: DictConfig) -> None:
     devices = cfg.trainer.devices
     if not (devices in ("auto", -1) or isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1):
         raise ConfigError(f"trainer.devices={fmt(devices)} is not a device count; allowed: {schema_meta('trainer', 'devices')['accepts']}")
-    if cfg.eval.core_every > 0:
-        from xsa_exp.eval.core import resolve_bundle_dir
-
-        bundle = resolve_bundle_dir(cfg.eval.bundle_dir)
-        if not (bundle / "core.yaml").is_file():
-            raise ConfigError(f"eval.core_every={cfg.eval.core_every} needs the CORE eval bundle, not found at {bundle}; "
-                              "run `python -m xsa_exp.eval.core download`, set eval.bundle_dir, or use eval.core_every=0")
+    if cfg.eval.core_every > 0:  # the check training's CORE callback makes, before the run starts
+        require_bundle(cfg.eval.bundle_dir, f"eval.core_every={cfg.eval.core_every}", "use eval.core_every=0")
     grad_accumulation(cfg)
     if cfg.train.epochs is not None and cfg.data.name not in ("sample", "sft"):
         raise ConfigError(f"train.epochs needs a corpus held in memory (data=sample or sft), not data={cfg.data.name}; "
@@ -295,10 +294,10 @@ def check_stage(cfg: DictConfig) -> None:
     if cfg.init_from is None:
         raise ConfigError("stage=sft needs init_from=<base run directory> (a finished run with checkpoints/final.ckpt)")
     base = Path(cfg.init_from).expanduser().resolve()
-    if not (base / "config.yaml").is_file() or not (base / "checkpoints" / "final.ckpt").is_file():
+    if not rd.is_finished(base):
         raise ConfigError(f"init_from={cfg.init_from} is not a finished run (needs config.yaml and checkpoints/final.ckpt); "
                           "point it at a completed base run directory")
-    base_cfg = OmegaConf.load(base / "config.yaml")
+    base_cfg = OmegaConf.load(base / rd.CONFIG)
     differ = [f"{section}.{key}" for section in ("model", "xsa") for key in sorted(set(cfg[section]) | set(base_cfg[section]))
               if cfg[section].get(key) != base_cfg[section].get(key)]
     if differ:
