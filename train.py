@@ -8,6 +8,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
 from xsa_exp.config import check_command_line
+from xsa_exp.errors import exit_on_user_error
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
@@ -20,7 +21,8 @@ def main(cfg: DictConfig) -> None:
     if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.wandb is not None and cfg.logger.wandb.group is None:
         with open_dict(cfg):  # one wandb group per sweep, named like its directory
             cfg.logger.wandb.group = Path(hydra_cfg.sweep.dir).name
-    train(cfg, hydra_cfg.runtime.output_dir)
+    with exit_on_user_error():
+        train(cfg, hydra_cfg.runtime.output_dir)
 
 
 if __name__ == "__main__":

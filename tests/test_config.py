@@ -6,6 +6,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, REPO, compose_config
 from xsa_exp.config import SAMPLE_CORPUS_MAX_VOCAB, ConfigError, validate
+from xsa_exp.eval.bundle import BundleError
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
 
@@ -14,7 +15,8 @@ GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "
 def test_every_config_group_option_composes_and_validates(group, option, tmp_path, monkeypatch):
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # climbmix presets would stream from the hub
         monkeypatch.delenv(var, raising=False)
-    (tmp_path / "core.yaml").touch()  # presets that run CORE during training check that a bundle is there
+    for name in ("core.yaml", "eval_meta_data.csv"):  # presets that run CORE during training check that a bundle is there
+        (tmp_path / name).touch()
     extra = []
     if (group, option) == ("data", "local"):  # data=local needs a corpus: two files, the last is validation
         for name in ("a.jsonl", "b.jsonl"):
@@ -64,8 +66,8 @@ def test_bad_values_raise_one_line_naming_the_key(override, message):
 
 
 def test_core_during_training_needs_a_bundle(tmp_path):
-    with pytest.raises(ConfigError, match="eval.core_every=2000 needs the CORE eval bundle, not found at"):
-        validate(compose_config("depth=d12", "model.vocab_size=4096", f"eval.bundle_dir={tmp_path}"))
+    with pytest.raises(BundleError, match="eval.core_every=2000 needs the eval bundle, not found at .*use eval.core_every=0"):
+        validate(compose_config("depth=d12", "model.vocab_size=4096", f"eval.bundle_dir={tmp_path / 'absent'}"))
 
 
 def test_missing_package_is_named(monkeypatch):

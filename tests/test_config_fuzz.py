@@ -19,8 +19,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, REPO, compose_config
-from xsa_exp.config import (README_BEGIN, README_END, SAMPLE_CORPUS_MAX_VOCAB, ConfigError, Leaf, _optional, check_overrides,
-                            leaves, markdown, preflight)
+from xsa_exp.config import SAMPLE_CORPUS_MAX_VOCAB, ConfigError, check_overrides, preflight
+from xsa_exp.config_keys import README_BEGIN, README_END, Leaf, _optional, leaves, markdown
 
 FIXTURES = REPO / "tests" / "fixtures" / "chat"
 

@@ -6,16 +6,16 @@ import torch.nn.functional as F
 
 from xsa_exp.eval.diagnostics import (METRICS, AttentionProbe, attention_diagnostics, flatten_diagnostics,
                                       probes_installed)
-from xsa_exp.model import GPT, GPTConfig
+from xsa_exp.model import GPT, GPTConfig, XSASettings
 
 N_LAYER, N_HEAD, T = 3, 2, 32
 
 
-def make(xsa_layers=(0, 1, 2), **kw):
+def make(layers=(0, 1, 2), **kw):
     """A small model whose attention matters downstream: noise on every parameter, zero-inits included."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(sequence_len=T, vocab_size=300, n_layer=N_LAYER, n_head=N_HEAD, n_embd=32,
-                          xsa_layers=list(xsa_layers), **kw))
+                          xsa=XSASettings(layers=list(layers), **kw)))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -27,7 +27,7 @@ def batch():
 
 
 def test_out_self_cos_vanishes_at_alpha_one():
-    diag = attention_diagnostics(make(xsa_alpha=1.0), batch())
+    diag = attention_diagnostics(make(alpha=1.0), batch())
     assert set(diag) == set(METRICS)
     for values in diag.values():
         assert values.shape == (N_LAYER, N_HEAD) and values.dtype == torch.float32 and values.device.type == "cpu"
@@ -36,7 +36,7 @@ def test_out_self_cos_vanishes_at_alpha_one():
 
 
 def test_out_self_cos_equals_attn_self_cos_without_xsa():
-    diag = attention_diagnostics(make(xsa_layers=()), batch())
+    diag = attention_diagnostics(make(layers=()), batch())
     assert torch.equal(diag["out_self_cos"], diag["attn_self_cos"])
 
 
@@ -44,7 +44,7 @@ def test_xsa_op_at_alpha_zero_leaves_out_self_cos_equal_to_attn_self_cos(monkeyp
     """The op itself, run with alpha = 0 (which the model would skip), must leave the output as it was."""
     from xsa_exp.model import gpt
 
-    model = make(xsa_alpha=0.0)
+    model = make(alpha=0.0)
     for block in model.blocks:
         block.attn.xsa_on = True
     calls = []
@@ -56,7 +56,7 @@ def test_xsa_op_at_alpha_zero_leaves_out_self_cos_equal_to_attn_self_cos(monkeyp
 
 
 def test_xsa_only_in_selected_layers():
-    diag = attention_diagnostics(make(xsa_layers=[1]), batch())
+    diag = attention_diagnostics(make(layers=[1]), batch())
     assert diag["out_self_cos"][1].abs().max() < 1e-4 and diag["attn_self_cos"][1].abs().min() > 0.05
     assert torch.equal(diag["out_self_cos"][[0, 2]], diag["attn_self_cos"][[0, 2]])
 

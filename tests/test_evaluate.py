@@ -12,7 +12,8 @@ import torch
 
 from tests.conftest import REPO, SMALL, compose_config
 from xsa_exp.run_dir import RunError, load_trained
-from xsa_exp.evaluate_run import EvaluationError, evaluate
+from xsa_exp.errors import UserError
+from xsa_exp.evaluate_run import evaluate
 from xsa_exp.training import train
 
 pytestmark = pytest.mark.slow
@@ -85,12 +86,12 @@ def test_results_never_overwrite_earlier_ones(run_dir):
 
 
 def test_missing_bundle_is_one_clear_error(run_dir, tmp_path):
-    with pytest.raises(EvaluationError, match="CORE needs the eval bundle, not found at"):
-        evaluate(eval_cfg(run_dir, "eval.metrics=[core]", f"eval.bundle_dir={tmp_path}"))
+    with pytest.raises(UserError, match="CORE needs the eval bundle, not found at"):
+        evaluate(eval_cfg(run_dir, "eval.metrics=[core]", f"eval.bundle_dir={tmp_path / 'absent'}"))
 
 
 def test_unknown_metric(run_dir):
-    with pytest.raises(EvaluationError, match="allowed: bpb, core, diagnostics"):
+    with pytest.raises(UserError, match="allowed: bpb, core, diagnostics"):
         evaluate(eval_cfg(run_dir, "eval.metrics=[perplexity]"))
 
 

@@ -2,20 +2,20 @@ import pytest
 import torch
 
 from xsa_exp.generate import generate, generate_batch
-from xsa_exp.model import GPT, GPTConfig, KVCache
+from xsa_exp.model import GPT, GPTConfig, KVCache, XSASettings
 
 
 def trained_like_model(**xsa):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(sequence_len=48, vocab_size=300, n_layer=3, n_head=2, n_embd=32, **xsa))
+    model = GPT(GPTConfig(sequence_len=48, vocab_size=300, n_layer=3, n_head=2, n_embd=32, xsa=XSASettings(**xsa)))
     with torch.no_grad():  # non-zero projections and thetas, so XSA and its cached path matter
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
     return model
 
 
-ARMS = {"alpha=0": dict(xsa_layers=[0, 1, 2], xsa_alpha=0.0), "alpha=1": dict(xsa_layers=[0, 1, 2], xsa_alpha=1.0),
-        "learnable": dict(xsa_layers=[0, 2], xsa_learnable=True, xsa_alpha=0.5), "plain": dict(xsa_layers=[0, 1, 2], xsa_value_source="plain")}
+ARMS = {"alpha=0": dict(layers=[0, 1, 2], alpha=0.0), "alpha=1": dict(layers=[0, 1, 2], alpha=1.0),
+        "learnable": dict(layers=[0, 2], learnable=True, alpha=0.5), "plain": dict(layers=[0, 1, 2], value_source="plain")}
 
 
 @pytest.mark.parametrize("arm", list(ARMS))

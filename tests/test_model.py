@@ -1,11 +1,12 @@
 import torch
 
-from xsa_exp.model import GPT, GPTConfig
+from xsa_exp.model import GPT, GPTConfig, XSASettings
 
 
-def make(**kw):
+def make(learnable=False, alpha=1.0, **kw):
     torch.manual_seed(0)
-    return GPT(GPTConfig(sequence_len=16, vocab_size=300, n_layer=4, n_head=2, n_embd=32, xsa_layers=[0, 1, 2, 3], **kw))
+    xsa = XSASettings(layers=[0, 1, 2, 3], learnable=learnable, alpha=alpha)
+    return GPT(GPTConfig(sequence_len=16, vocab_size=300, n_layer=4, n_head=2, n_embd=32, xsa=xsa, **kw))
 
 
 def test_value_embeddings_on_alternating_layers_including_last():
@@ -38,7 +39,7 @@ def test_untied_no_bias_zero_init_projections():
 
 
 def test_every_parameter_has_exactly_one_role():
-    model = make(xsa_learnable=True, xsa_alpha=0.5)
+    model = make(learnable=True, alpha=0.5)
     groups = model.named_param_groups()
     seen = [id(p) for params in groups.values() for _, p in params]
     assert len(seen) == len(set(seen)) == len(list(model.parameters()))

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xsa_exp.model import GPT, GPTConfig, exclusive_self_attention, resolve_layers
+from xsa_exp.model import GPT, GPTConfig, XSASettings, exclusive_self_attention, resolve_layers
 
 
 def rand(*shape, seed=0):
@@ -88,7 +88,7 @@ def test_bad_layer_selection(spec, message):
 
 def tiny_model(seed=0, **xsa):
     torch.manual_seed(seed)
-    cfg = GPTConfig(sequence_len=32, vocab_size=300, n_layer=3, n_head=2, n_embd=32, **xsa)
+    cfg = GPTConfig(sequence_len=32, vocab_size=300, n_layer=3, n_head=2, n_embd=32, xsa=XSASettings(**xsa))
     model = GPT(cfg)
     # Zero-initialised projections would hide XSA entirely at init: give them weights.
     with torch.no_grad():
@@ -99,9 +99,9 @@ def tiny_model(seed=0, **xsa):
 
 def test_model_alpha_zero_is_bit_identical_to_standard_attention():
     idx = torch.randint(0, 300, (2, 32))
-    standard = tiny_model(xsa_layers=[])
-    alpha_zero = tiny_model(xsa_layers=[0, 1, 2], xsa_alpha=0.0)
-    full = tiny_model(xsa_layers=[0, 1, 2], xsa_alpha=1.0)
+    standard = tiny_model(layers=[])
+    alpha_zero = tiny_model(layers=[0, 1, 2], alpha=0.0)
+    full = tiny_model(layers=[0, 1, 2], alpha=1.0)
     assert torch.equal(standard(idx), alpha_zero(idx))
     assert not torch.equal(standard(idx), full(idx))
 
@@ -117,17 +117,17 @@ def block_outputs(model, idx) -> list[torch.Tensor]:
 
 def test_unselected_layers_are_untouched():
     idx = torch.randint(0, 300, (2, 32))
-    standard = block_outputs(tiny_model(xsa_layers=[]), idx)
-    last_only = block_outputs(tiny_model(xsa_layers=[2], xsa_alpha=1.0), idx)
+    standard = block_outputs(tiny_model(layers=[]), idx)
+    last_only = block_outputs(tiny_model(layers=[2], alpha=1.0), idx)
     assert torch.equal(standard[0], last_only[0]) and torch.equal(standard[1], last_only[1])
     assert (standard[2] - last_only[2]).abs().max() > 1e-3
 
 
 def test_learnable_alpha_is_sigmoid_theta_per_head_from_the_initial_alpha_and_trains():
-    model = tiny_model(xsa_layers=[0, 2], xsa_learnable=True, xsa_alpha=0.3)
+    model = tiny_model(layers=[0, 2], learnable=True, alpha=0.3)
     # tiny_model perturbs every parameter, theta too; a fresh model starts exactly at xsa_alpha.
-    fresh = GPT(GPTConfig(sequence_len=32, vocab_size=300, n_layer=3, n_head=2, n_embd=32, xsa_layers=[0, 2],
-                          xsa_learnable=True, xsa_alpha=0.3))
+    fresh = GPT(GPTConfig(sequence_len=32, vocab_size=300, n_layer=3, n_head=2, n_embd=32,
+                          xsa=XSASettings(layers=[0, 2], learnable=True, alpha=0.3)))
     torch.testing.assert_close(fresh.xsa_alphas(), torch.tensor([[0.3, 0.3], [0.0, 0.0], [0.3, 0.3]]))
     thetas = [b.attn.xsa_theta for b in model.blocks]
     assert thetas[1] is None and thetas[0].shape == (2,)
@@ -142,7 +142,7 @@ def test_learnable_alpha_is_sigmoid_theta_per_head_from_the_initial_alpha_and_tr
 
 @pytest.mark.parametrize("theta", [-30.0, 30.0])
 def test_learnable_sigmoid_alpha_stays_in_zero_one_for_extreme_theta(theta):
-    model = tiny_model(xsa_layers=[0, 1, 2], xsa_learnable=True, xsa_alpha=0.5)
+    model = tiny_model(layers=[0, 1, 2], learnable=True, alpha=0.5)
     with torch.no_grad():
         for block in model.blocks:
             block.attn.xsa_theta.fill_(theta)
@@ -153,12 +153,12 @@ def test_learnable_sigmoid_alpha_stays_in_zero_one_for_extreme_theta(theta):
 
 
 def test_tanh_parametrization_is_the_signed_option():
-    model = tiny_model(xsa_layers=[0], xsa_learnable=True, xsa_alpha=0.5, xsa_parametrization="tanh")
+    model = tiny_model(layers=[0], learnable=True, alpha=0.5, parametrization="tanh")
     with torch.no_grad():
         model.blocks[0].attn.xsa_theta.fill_(-5.0)
     assert model.xsa_alphas()[0].max() < -0.99  # the inversion the sigmoid default rules out
-    fresh = GPT(GPTConfig(sequence_len=32, vocab_size=300, n_layer=3, n_head=2, n_embd=32, xsa_layers=[0],
-                          xsa_learnable=True, xsa_alpha=0.5, xsa_parametrization="tanh"))
+    fresh = GPT(GPTConfig(sequence_len=32, vocab_size=300, n_layer=3, n_head=2, n_embd=32,
+                          xsa=XSASettings(layers=[0], learnable=True, alpha=0.5, parametrization="tanh")))
     torch.testing.assert_close(fresh.xsa_alphas()[0], torch.tensor([0.5, 0.5]))
 
 
@@ -178,8 +178,8 @@ def test_value_source_plain_projects_against_unmixed_value(monkeypatch):
         assert len(seen) == 1  # layer 2 only
         return seen[0]
 
-    mixed = tiny_model(xsa_layers=[2], xsa_value_source="mixed")
-    plain = tiny_model(xsa_layers=[2], xsa_value_source="plain")
+    mixed = tiny_model(layers=[2], value_source="mixed")
+    plain = tiny_model(layers=[2], value_source="plain")
     assert 2 in mixed.config.ve_layers
     v_plain, v_mixed = value_given_to_xsa(plain), value_given_to_xsa(mixed)
     with torch.no_grad():
@@ -187,3 +187,23 @@ def test_value_source_plain_projects_against_unmixed_value(monkeypatch):
     v_unmixed = value_given_to_xsa(mixed)
     assert torch.equal(v_plain, v_unmixed)
     assert (v_mixed - v_plain).abs().max() > 1e-3
+
+
+def test_settings_are_built_once_and_hold_the_one_on_rule():
+    from omegaconf import OmegaConf
+
+    from xsa_exp.report.runs import Arm
+
+    xsa_cfg = OmegaConf.create({"alpha": 0.0, "learnable": False, "parametrization": "sigmoid", "value_source": "plain",
+                                "layers": "last:2", "eps": 1e-6})
+    settings = XSASettings.from_config(xsa_cfg, 6, [1, 3, 5])
+    assert settings.layers == [4, 5] and settings.value_source == "plain"
+    assert not settings.on(5) and not settings.active  # a fixed alpha of 0 runs nowhere
+    assert XSASettings(alpha=0.0, learnable=True, layers=[5]).on(5)  # a learnable alpha starting at 0 runs
+    assert not XSASettings(alpha=1.0, layers=[5]).on(4)
+    model = GPT(GPTConfig(sequence_len=32, vocab_size=300, n_layer=3, n_head=2, n_embd=32, xsa=XSASettings(layers=[1])))
+    assert [block.attn.xsa_on for block in model.blocks] == [False, True, False]
+    # The report decides "no XSA" with the same rule, on run.json's values.
+    run = {"optim": "muon", "alpha": 0.5, "learnable": False, "layers": "all", "value_source": "mixed"}
+    assert Arm.of({**run, "xsa_layers": [0, 1]}).alpha == 0.5
+    assert Arm.of({**run, "xsa_layers": []}).alpha == 0.0 and Arm.of({**run, "alpha": 0, "xsa_layers": [0]}).layers == ""

@@ -201,7 +201,7 @@ class AttentionDiagnostics(ScheduledEvaluation):
             rd.append_diagnostics(self.run_dir, {"step": trainer.global_step, **{k: v.tolist() for k, v in diag.items()},
                                                  "alpha": alphas.tolist()})
         row = {k: v for k, v in flatten_diagnostics(diag).items() if "/H" not in k}
-        if model.config.xsa_learnable:  # what the model has learned, per layer (mean over heads; 0 where XSA is off)
+        if model.config.xsa.learnable:  # what the model has learned, per layer (mean over heads; 0 where XSA is off)
             row["xsa/alpha"] = alphas.mean().item()
             row.update({f"xsa/alpha/L{layer}": heads.mean().item() for layer, heads in enumerate(alphas)})
         return row

@@ -21,20 +21,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp.console import quiet_libraries
 from xsa_exp.data.datamodule import TextDataModule, describe_val_scope
-from xsa_exp.data.sources import DataError
 from xsa_exp.eval.bpb import evaluate_bpb
 from xsa_exp.eval.chat import evaluate_chat
-from xsa_exp.eval.bundle import BundleError, require_bundle, resolve_bundle_dir
+from xsa_exp.eval.bundle import require_bundle, resolve_bundle_dir
 from xsa_exp.eval.core import evaluate_core
 from xsa_exp.eval.diagnostics import METRICS as DIAGNOSTICS, attention_diagnostics
-from xsa_exp.run_dir import (TOKENIZER, LoadedRun, RunError, eval_summary, load_trained, new_eval_dir, trained_precision,
+from xsa_exp.errors import UserError
+from xsa_exp.run_dir import (TOKENIZER, LoadedRun, eval_summary, load_trained, new_eval_dir, trained_precision,
                              write_summary)
 
 KNOWN_METRICS = ("bpb", "core", "diagnostics", "chatcore")
-
-
-class EvaluationError(Exception):
-    pass
 
 
 def evaluate(cfg: DictConfig) -> Path:
@@ -43,17 +39,11 @@ def evaluate(cfg: DictConfig) -> Path:
     metrics = list(options.metrics)
     unknown = [m for m in metrics if m not in KNOWN_METRICS]
     if unknown or not metrics:
-        raise EvaluationError(f"eval.metrics={metrics} has unknown entries {unknown}; allowed: {', '.join(KNOWN_METRICS)}")
-    try:
-        run = load_trained(cfg.run)
-    except RunError as e:
-        raise EvaluationError(str(e)) from None
-    try:
-        # ChatCORE reads some of its tasks from the bundle too, but runs (with those listed as missing) without it.
-        bundle = require_bundle(options.bundle_dir, "CORE", "drop core from eval.metrics") if "core" in metrics \
-            else resolve_bundle_dir(options.bundle_dir)
-    except BundleError as e:
-        raise EvaluationError(str(e)) from None
+        raise UserError(f"eval.metrics={metrics} has unknown entries {unknown}; allowed: {', '.join(KNOWN_METRICS)}")
+    run = load_trained(cfg.run)
+    # ChatCORE reads some of its tasks from the bundle too, but runs (with those listed as missing) without it.
+    bundle = require_bundle(options.bundle_dir, "CORE", "drop core from eval.metrics") if "core" in metrics \
+        else resolve_bundle_dir(options.bundle_dir)
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
     model = run.model.to(device)
@@ -73,12 +63,9 @@ def evaluate(cfg: DictConfig) -> Path:
         summary["metrics"]["val/bpb"] = evaluate_bpb(model, data.val_batches(val_tokens), data.token_bytes, autocast)
         summary["val_scope"] = data.val_scope(val_tokens)
     if "core" in metrics:
-        try:
-            result = evaluate_core(model, run.tokenizer, bundle, c.model.sequence_len, options.core_max_per_task,
-                                   progress=lambda t, done, total: print(f"  CORE {done}/{total} {t.label:<34} acc {t.accuracy:.4f} "
-                                                                          f"centered {t.centered:+.4f}", flush=True))
-        except BundleError as e:
-            raise EvaluationError(str(e)) from None
+        result = evaluate_core(model, run.tokenizer, bundle, c.model.sequence_len, options.core_max_per_task,
+                               progress=lambda t, done, total: print(f"  CORE {done}/{total} {t.label:<34} acc {t.accuracy:.4f} "
+                                                                      f"centered {t.centered:+.4f}", flush=True))
         summary["metrics"][result.name] = result.core
         summary["core"] = {"name": result.name, "n_tasks": result.n_tasks, "max_per_task": options.core_max_per_task,
                            "bundle": str(bundle)}
@@ -109,7 +96,7 @@ def forward_context(precision: str, device: torch.device):
         return MixedPrecision(precision, device.type).forward_context
     if precision in ("32-true", "32", "64-true"):
         return nullcontext
-    raise EvaluationError(f"eval.precision={precision} is not supported for evaluation; use 32-true, bf16-mixed or 16-mixed")
+    raise UserError(f"eval.precision={precision} is not supported for evaluation; use 32-true, bf16-mixed or 16-mixed")
 
 
 def chatcore(run: LoadedRun, cfg: DictConfig, bundle: Path, out_dir: Path) -> tuple[dict[str, float], str | None]:
@@ -119,19 +106,16 @@ def chatcore(run: LoadedRun, cfg: DictConfig, bundle: Path, out_dir: Path) -> tu
     if c.get("stage_name", "base") != "sft":
         print(f"note: {run.run_dir} is a {c.get('stage_name', 'base')} run; ChatCORE measures a chat (stage=sft) model")
     tool_use = cfg.tool_use if cfg.tool_use is not None else bool(c.data.get("gsm8k_tool_calls", False))
-    try:
-        result = evaluate_chat(run.model, run.tokenizer, bundle, cfg.mmlu, cfg.max_per_task, cfg.max_new_tokens, tool_use,
-                               cfg.batch_size, cfg.humaneval_timeout_s, cfg.humaneval_memory_mb,
-                               progress=lambda t: print(f"  ChatCORE {t.task:<14} acc {t.accuracy:.4f} ({t.correct}/{t.n}) "
-                                                        f"centered {t.centered:+.4f}  {t.seconds:.0f}s", flush=True))
-    except (DataError, BundleError) as e:
-        raise EvaluationError(str(e)) from None
+    result = evaluate_chat(run.model, run.tokenizer, bundle, cfg.mmlu, cfg.max_per_task, cfg.max_new_tokens, tool_use,
+                           cfg.batch_size, cfg.humaneval_timeout_s, cfg.humaneval_memory_mb,
+                           progress=lambda t: print(f"  ChatCORE {t.task:<14} acc {t.accuracy:.4f} ({t.correct}/{t.n}) "
+                                                    f"centered {t.centered:+.4f}  {t.seconds:.0f}s", flush=True))
     for task, reason in result.missing.items():
         print(f"  ChatCORE {task:<14} not evaluated: {reason}")
     if result.sandbox:
         print(f"  ChatCORE humaneval sandbox: {result.sandbox}")
     if not result.tasks:
-        raise EvaluationError(f"ChatCORE has no task data: {'; '.join(result.missing.values())}; set eval.bundle_dir "
+        raise UserError(f"ChatCORE has no task data: {'; '.join(result.missing.values())}; set eval.bundle_dir "
                               "(ARC, GSM8K, HumanEval) and eval.chatcore.mmlu.data_files, or drop chatcore from eval.metrics")
     write_csv(out_dir / "chatcore_tasks.csv", [vars(t) for t in result.tasks.values()])
     write_jsonl(out_dir / "chatcore_examples.jsonl", result.examples)

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from xsa_exp.errors import UserError
+
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
@@ -52,7 +54,7 @@ EVAL_TIME = re.compile(r"(\d{8}-\d{6})(?:-\d+)?$")  # eval/<checkpoint>-step<N>-
 STATUSES = ("completed", "interrupted", "failed")
 
 
-class RunError(Exception):
+class RunError(UserError):
     """A run or checkpoint that cannot be loaded; the message is one line naming the file and the fix."""
 
 

@@ -6,7 +6,7 @@ start from them (`defaults: [train_schema, ...]`), and every data option starts 
 rejects a key that does not exist and a value of the wrong type (`model.qk_norm=flase`,
 `eval.every=abc`) before anything runs.
 
-What a type cannot say lives in each field's metadata, read by xsa_exp.config.check_schema() and by
+What a type cannot say lives in each field's metadata, read by xsa_exp.config_keys.check_schema() and by
 the README's "Configuration" table (`python -m xsa_exp.config --markdown`):
   help     what the key does (one line)
   choices  the allowed values of a string key

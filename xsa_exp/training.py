@@ -94,13 +94,13 @@ def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict) -> list:
 
 def print_start(model: GPT, cfg: DictConfig, run: dict) -> None:
     lines = ["parameters:"] + [f"  {name:<28}{count:>14,}" for name, count in model.param_counts().items()]
-    layers = model.config.xsa_layers
-    if model.config.xsa_learnable:
-        arm = f"learnable alpha = {model.config.xsa_parametrization}(theta), starting at {model.config.xsa_alpha}"
+    xsa = model.config.xsa
+    if xsa.learnable:
+        arm = f"learnable alpha = {xsa.parametrization}(theta), starting at {xsa.alpha}"
     else:
-        arm = f"alpha = {model.config.xsa_alpha}" + (" (standard attention)" if model.config.xsa_alpha == 0 else "")
-    lines.append(f"xsa: {arm}; layers {cfg.xsa.layers} -> {layers if layers else 'none'} of {model.config.n_layer}; "
-                 f"value source {model.config.xsa_value_source}")
+        arm = f"alpha = {xsa.alpha}" + (" (standard attention)" if xsa.alpha == 0 else "")
+    lines.append(f"xsa: {arm}; layers {cfg.xsa.layers} -> {xsa.layers if xsa.layers else 'none'} of {model.config.n_layer}; "
+                 f"value source {xsa.value_source}")
     lines.append(f"optimizer: {'Muon for hidden matrices + AdamW' if cfg.optim.matrix_algorithm == 'muon' else 'AdamW for everything'}")
     lines.append(f"schedule: {run['max_steps']} steps x {run['tokens_per_step']:,} tokens "
                  f"({run['max_steps'] * run['tokens_per_step']:,} tokens), grad accumulation {run['grad_accumulation']}, "
@@ -139,7 +139,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     precision, precision_reason = resolve_precision(cfg.trainer, cfg.model.n_embd)
     run = rd.run_info(run_dir=run_dir, max_steps=max_steps, tokens_per_step=cfg.train.total_batch_tokens,
                       grad_accumulation=grad_accumulation(cfg), precision=precision, precision_reason=precision_reason,
-                      xsa_layers=model.config.xsa_layers, param_counts=model.param_counts(), arm=summary,
+                      xsa_layers=model.config.xsa.layers, param_counts=model.param_counts(), arm=summary,
                       init_from=base and {"run": str(base.run_dir), "checkpoint": str(base.checkpoint), "step": base.step})
     print_start(model, cfg, run)
     if resume_from is None:

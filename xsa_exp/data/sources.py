@@ -28,14 +28,22 @@ from pathlib import Path, PurePosixPath
 from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp.data.conversations import CONVERTERS
+from xsa_exp.errors import ConfigError, UserError
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
 TXT_SAMPLE_BY = ("document", "paragraph", "line")  # a .txt document: the whole file, a paragraph, a line
 DOCS_PER_READ = 256  # documents per read, which is also the tokenizer's batch
 
 
-class DataError(ValueError):
-    """Missing or unreadable data or a bad data.* setting; the message is one line that names it and the fix."""
+class DataError(UserError, ValueError):
+    """Missing or unreadable data; the message is one line that names it and the fix."""
+
+
+class DataSettingError(DataError, ConfigError):
+    """A data.* setting that cannot work (a bad value, files that are not there, the hub while offline):
+    what check_data_config finds before a run starts, so also a ConfigError. Found later (evaluate.py
+    reading a run's data) it prints as a plain `error:` like any DataError."""
+    label = DataError.label
 
 
 @dataclass(frozen=True)
@@ -54,23 +62,23 @@ def streamed_corpus(data_cfg: DictConfig) -> StreamedCorpus:
         return climbmix_corpus(data_cfg)
     if data_cfg.name == "local":
         return local_corpus(data_cfg)
-    raise DataError(f"data={data_cfg.name} is not a streamed corpus; use climbmix or local")
+    raise DataSettingError(f"data={data_cfg.name} is not a streamed corpus; use climbmix or local")
 
 
 def climbmix_corpus(cfg: DictConfig) -> StreamedCorpus:
     n_shards = cfg.num_shards
     if not isinstance(n_shards, int) or n_shards < 2:
-        raise DataError(f"data.num_shards={n_shards!r} must be an integer >= 2 (training shards plus the validation shard)")
+        raise DataSettingError(f"data.num_shards={n_shards!r} must be an integer >= 2 (training shards plus the validation shard)")
     n_train = n_shards - 1 if cfg.num_train_shards is None else cfg.num_train_shards
     if not isinstance(n_train, int) or not 1 <= n_train < n_shards:
-        raise DataError(f"data.num_train_shards={n_train!r} must be from 1 to {n_shards - 1} (the last shard is validation), "
+        raise DataSettingError(f"data.num_train_shards={n_train!r} must be from 1 to {n_shards - 1} (the last shard is validation), "
                         "or null for all of them")
     names = [f"shard_{i:05d}.parquet" for i in [*range(n_train), n_shards - 1]]
     hub = f"https://huggingface.co/datasets/{cfg.repo}"
     if cfg.local_dir is None:
         variable = offline_variable()
         if variable:
-            raise DataError(f"data=climbmix streams from {hub}, but {variable}={os.environ[variable]}; set data.local_dir "
+            raise DataSettingError(f"data=climbmix streams from {hub}, but {variable}={os.environ[variable]}; set data.local_dir "
                             f"to a folder of its shard_XXXXX.parquet files, or unset {variable} to go online")
         base, fix = f"hf://datasets/{cfg.repo}", f"check the connection to {hub}, or set data.local_dir to a local mirror"
     else:
@@ -78,7 +86,7 @@ def climbmix_corpus(cfg: DictConfig) -> StreamedCorpus:
         fix = (f"put the shards in data.local_dir (the validation shard {names[-1]} too), lower data.num_train_shards, "
                f"or set data.local_dir=null to stream from {hub}")
         if not local_dir.is_dir():
-            raise DataError(f"data.local_dir={local_dir} is not a directory; {fix}")
+            raise DataSettingError(f"data.local_dir={local_dir} is not a directory; {fix}")
         base = str(local_dir)
     files = tuple(f"{base}/{name}" for name in names)
     # The shard names, not where they are read from: a mirror and the hub share one cached tokenizer.
@@ -87,20 +95,20 @@ def climbmix_corpus(cfg: DictConfig) -> StreamedCorpus:
 
 def local_corpus(cfg: DictConfig) -> StreamedCorpus:
     if OmegaConf.is_missing(cfg, "path") or not cfg.path:
-        raise DataError("data=local needs data.path: a folder, file or glob of .parquet, .jsonl/.json or .txt files")
+        raise DataSettingError("data=local needs data.path: a folder, file or glob of .parquet, .jsonl/.json or .txt files")
     if cfg.txt_sample_by not in TXT_SAMPLE_BY:
-        raise DataError(f"data.txt_sample_by={cfg.txt_sample_by!r} is not an option; allowed: {', '.join(TXT_SAMPLE_BY)}")
+        raise DataSettingError(f"data.txt_sample_by={cfg.txt_sample_by!r} is not an option; allowed: {', '.join(TXT_SAMPLE_BY)}")
     files = match_files(cfg.path, "data.path")
     if cfg.val_path is None:
         if len(files) < 2:
-            raise DataError(f"data.path={cfg.path} matches one file, {files[0]}; the last file is the validation split, "
+            raise DataSettingError(f"data.path={cfg.path} matches one file, {files[0]}; the last file is the validation split, "
                             "so give at least two files or set data.val_path")
         train, val = files[:-1], files[-1:]
     else:
         val = match_files(cfg.val_path, "data.val_path")
         train = [f for f in files if f not in val]
         if not train:
-            raise DataError(f"data.path={cfg.path} has no files besides those of data.val_path={cfg.val_path}; give training files")
+            raise DataSettingError(f"data.path={cfg.path} has no files besides those of data.val_path={cfg.val_path}; give training files")
     # Path, size and modification time of every training file: a changed corpus gets a new tokenizer.
     stats = [f"{f}:{os.stat(f).st_size}:{os.stat(f).st_mtime_ns}" for f in train]
     return StreamedCorpus("local", tuple(train), tuple(val), cfg.text_column, cfg.txt_sample_by,
@@ -119,7 +127,7 @@ def match_files(pattern: str, key: str) -> list[str]:
         candidates = [Path(p) for p in glob.glob(str(path), recursive=True)]
     files = sorted(str(p.resolve()) for p in candidates if p.is_file() and p.suffix in FORMATS)
     if not files:
-        raise DataError(f"{key}={pattern} matches no .parquet, .jsonl, .json or .txt files; "
+        raise DataSettingError(f"{key}={pattern} matches no .parquet, .jsonl, .json or .txt files; "
                         "point it at a folder, a file or a glob of them")
     return files
 
@@ -138,30 +146,30 @@ def check_data_config(data_cfg: DictConfig) -> None:
     _positive_int(chars, "data.tokenizer_chars")
     _positive_int(data_cfg.shuffle_rows, "data.shuffle_rows")
     if not isinstance(data_cfg.num_workers, int) or data_cfg.num_workers < 0:
-        raise DataError(f"data.num_workers={data_cfg.num_workers!r} must be an integer >= 0")
+        raise DataSettingError(f"data.num_workers={data_cfg.num_workers!r} must be an integer >= 0")
     corpus = streamed_corpus(data_cfg)
     missing = [f for f in corpus.train_files + corpus.val_files if "://" not in f and not Path(f).is_file()]
     if missing:
         more = f" (and {len(missing) - 1} more files)" if len(missing) > 1 else ""
-        raise DataError(f"{missing[0]} is missing{more}; {corpus.fix}")
+        raise DataSettingError(f"{missing[0]} is missing{more}; {corpus.fix}")
 
 
 def check_chat_sources(data_cfg: DictConfig) -> None:
     for part in ("train_sources", "val_sources"):
         if not data_cfg[part]:
-            raise DataError(f"data.{part} is empty; data=sft needs at least one source there")
+            raise DataSettingError(f"data.{part} is empty; data=sft needs at least one source there")
         for name, source in data_cfg[part].items():
             key = f"data.{part}.{name}"
             if source.format not in CONVERTERS:
-                raise DataError(f"{key}.format={source.format!r} is not an option; allowed: {', '.join(CONVERTERS)}")
+                raise DataSettingError(f"{key}.format={source.format!r} is not an option; allowed: {', '.join(CONVERTERS)}")
             if source.max_rows is not None:
                 _positive_int(source.max_rows, f"{key}.max_rows")
             if source.data_files:
                 match_files(source.data_files, f"{key}.data_files")
             elif not source.path:
-                raise DataError(f"{key} needs a hub dataset (path) or local files (data_files)")
+                raise DataSettingError(f"{key} needs a hub dataset (path) or local files (data_files)")
             elif offline_variable():
-                raise DataError(f"{key} is the hub dataset {source.path}, but {offline_variable()} is set; "
+                raise DataSettingError(f"{key} is the hub dataset {source.path}, but {offline_variable()} is set; "
                                 f"set {key}.data_files to a local copy, or go online")
 
 
@@ -205,4 +213,4 @@ def digest(*parts: str) -> str:
 
 def _positive_int(value, key: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise DataError(f"{key}={value!r} must be a positive integer")
+        raise DataSettingError(f"{key}={value!r} must be a positive integer")

@@ -19,6 +19,8 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Sequence
 
+from xsa_exp.errors import UserError
+
 BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
 BUNDLE_ENV = "XSA_EXP_EVAL_BUNDLE"
 DEFAULT_BUNDLE_DIR = "~/.cache/xsa-exp/eval_bundle"
@@ -29,7 +31,7 @@ DOWNLOAD_COMMAND = "python -m xsa_exp.eval.bundle download"
 HINT = f"run `{DOWNLOAD_COMMAND}`, or set eval.bundle_dir or ${BUNDLE_ENV} to a bundle directory"
 
 
-class BundleError(Exception):
+class BundleError(UserError):
     """The eval bundle is missing or malformed; the message names the problem and the fix."""
 
 

@@ -55,7 +55,6 @@ import yaml
 
 from xsa_exp.eval.bundle import (CORE_META_FILE, CORE_TASKS_FILE, DOWNLOAD_COMMAND, BundleError, check_bundle, check_fields,
                                  data_path, read_examples)
-from xsa_exp.eval.bundle import resolve_bundle_dir  # noqa: F401  (config.py imports it from here)
 from xsa_exp.model import evaluating
 
 N_CORE_TASKS = 22

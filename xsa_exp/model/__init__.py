@@ -1,5 +1,17 @@
-from xsa_exp.model.gpt import GPT, GPTConfig, KVCache
-from xsa_exp.model.modes import evaluating
-from xsa_exp.model.xsa import exclusive_self_attention, resolve_layers
+"""The GPT (gpt.py), XSA's settings (xsa.py) and op (xsa_op.py), eval mode (modes.py).
 
-__all__ = ["GPT", "GPTConfig", "KVCache", "evaluating", "exclusive_self_attention", "resolve_layers"]
+Names load on first use, so that importing xsa_exp.model.xsa does not import torch (the report uses it).
+"""
+
+import importlib
+
+_HOME = {"GPT": "gpt", "GPTConfig": "gpt", "KVCache": "gpt", "evaluating": "modes",
+         "exclusive_self_attention": "xsa_op", "XSASettings": "xsa", "resolve_layers": "xsa"}
+
+__all__ = list(_HOME)
+
+
+def __getattr__(name: str):
+    if name in _HOME:
+        return getattr(importlib.import_module(f"xsa_exp.model.{_HOME[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

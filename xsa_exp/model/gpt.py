@@ -15,7 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from xsa_exp.model.xsa import exclusive_self_attention, initial_theta, learnable_alpha, resolve_layers
+from xsa_exp.model.xsa import XSASettings
+from xsa_exp.model.xsa_op import exclusive_self_attention, initial_theta, learnable_alpha
 
 
 def value_embedding_layers(n_layer: int, enabled: bool = True) -> list[int]:
@@ -50,13 +51,7 @@ class GPTConfig:
     logit_softcap: float = 15.0  # 0 turns the soft-cap off
     zero_init_proj: bool = True
     tie_embeddings: bool = False
-    # XSA: the layers it runs in (resolved indices), its strength and where v comes from.
-    xsa_layers: list[int] = field(default_factory=list)
-    xsa_alpha: float = 1.0  # the fixed alpha, or the initial one of a learnable run
-    xsa_learnable: bool = False
-    xsa_parametrization: str = "sigmoid"  # learnable alpha = sigmoid(theta) in (0, 1) | tanh(theta) in (-1, 1)
-    xsa_value_source: str = "mixed"  # mixed: v after value-embedding mixing | plain: before
-    xsa_eps: float = 1e-6
+    xsa: XSASettings = field(default_factory=XSASettings)  # the layers it runs in, its strength, where v comes from
 
     @property
     def head_dim(self) -> int:
@@ -68,17 +63,9 @@ class GPTConfig:
 
     @classmethod
     def from_config(cls, model_cfg, xsa_cfg) -> GPTConfig:
-        """Build from the Hydra `model` and `xsa` nodes; raises ValueError on a bad layer selection."""
+        """Build from the Hydra `model` and `xsa` nodes; raises ConfigError on a bad layer selection."""
         config = cls(**dict(model_cfg))
-        config.xsa_alpha = float(xsa_cfg.alpha)
-        config.xsa_learnable = bool(xsa_cfg.learnable)
-        config.xsa_parametrization = str(xsa_cfg.parametrization)
-        config.xsa_value_source = str(xsa_cfg.value_source)
-        config.xsa_eps = float(xsa_cfg.eps)
-        layers = xsa_cfg.layers
-        if not isinstance(layers, (str, int)):
-            layers = list(layers)
-        config.xsa_layers = resolve_layers(layers, config.n_layer, config.ve_layers)
+        config.xsa = XSASettings.from_config(xsa_cfg, config.n_layer, config.ve_layers)
         return config
 
 
@@ -147,16 +134,11 @@ class CausalSelfAttention(nn.Module):
         self.ve_gate_channels = config.ve_gate_channels
         has_ve = layer_idx in config.ve_layers
         self.ve_gate = nn.Linear(config.ve_gate_channels, config.n_head, bias=False) if has_ve else None
-        # XSA is skipped entirely (not multiplied by zero) where it is off, so those layers are
-        # bit-identical to standard attention.
-        self.xsa_on = layer_idx in config.xsa_layers and (config.xsa_learnable or config.xsa_alpha != 0.0)
-        self.xsa_alpha = config.xsa_alpha
-        self.xsa_eps = config.xsa_eps
-        self.xsa_value_source = config.xsa_value_source
-        self.xsa_parametrization = config.xsa_parametrization
+        self.xsa = config.xsa
+        self.xsa_on = config.xsa.on(layer_idx)  # off: skipped entirely, bit-identical to standard attention
         self.xsa_theta = None
-        if self.xsa_on and config.xsa_learnable:
-            theta = initial_theta(config.xsa_alpha, config.xsa_parametrization)
+        if self.xsa_on and self.xsa.learnable:
+            theta = initial_theta(self.xsa.alpha, self.xsa.parametrization)
             self.xsa_theta = nn.Parameter(torch.full((config.n_head,), theta))
         # Set by the attention diagnostics pass only (xsa_exp.eval.diagnostics); None in training.
         self.probe = None
@@ -164,8 +146,8 @@ class CausalSelfAttention(nn.Module):
     def alpha(self) -> float | torch.Tensor:
         """The XSA strength: a float, or one learnable value per head shaped (1, H, 1, 1)."""
         if self.xsa_theta is None:
-            return self.xsa_alpha
-        return learnable_alpha(self.xsa_theta, self.xsa_parametrization).view(1, -1, 1, 1)
+            return self.xsa.alpha
+        return learnable_alpha(self.xsa_theta, self.xsa.parametrization).view(1, -1, 1, 1)
 
     @torch.no_grad()
     def head_alphas(self) -> torch.Tensor:
@@ -198,7 +180,7 @@ class CausalSelfAttention(nn.Module):
             y = self.probe.attend(q, k, v)
         z = y
         if self.xsa_on:
-            z = exclusive_self_attention(y, v if self.xsa_value_source == "mixed" else v_plain, self.alpha(), self.xsa_eps)
+            z = exclusive_self_attention(y, v if self.xsa.value_source == "mixed" else v_plain, self.alpha(), self.xsa.eps)
         if self.probe is not None:
             self.probe.record(y=y, z=z, v=v)
         return self.c_proj(z.transpose(1, 2).reshape(B, T, C))

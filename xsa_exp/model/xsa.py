@@ -1,61 +1,67 @@
-"""Exclusive Self-Attention: the op and the choice of layers it runs in.
+"""Exclusive Self-Attention's settings: XSASettings, built once from a run's `xsa` config, with the
+layers it runs in resolved, and the one rule for whether it runs in a layer. The op is xsa_op.py.
 
-z_i = y_i - alpha * (<y_i, v_i> / max(|v_i|^2, eps)) * v_i, per head, on the attention output y
-before the output projection. alpha = 0 leaves y untouched; alpha = 1 removes the component of y_i
-along the token's own value, so z_i is orthogonal to v_i.
+No torch here: the report applies the same rule to a run's run.json.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass, field
 
-import torch
+from xsa_exp.errors import ConfigError
 
 LAYER_SELECTIONS = "all, none, a list of layer indices, first:K, last:K, every:N, ve, non_ve"
 
 
-def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor, alpha: float | torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Remove alpha times the projection of y onto v along the last dim.
+@dataclass(frozen=True)
+class XSASettings:
+    """What a model's XSA does: its strength (the fixed alpha, or the initial one of a learnable run), the
+    parametrization of a learnable alpha (sigmoid(theta) in (0, 1) | tanh(theta) in (-1, 1)), where v comes
+    from (mixed: after value-embedding mixing | plain: before), the layers it is selected for (resolved
+    indices) and the eps of its projection."""
+    alpha: float = 1.0
+    learnable: bool = False
+    parametrization: str = "sigmoid"
+    value_source: str = "mixed"
+    layers: list[int] = field(default_factory=list)
+    eps: float = 1e-6
 
-    y, v: (B, H, T, D). alpha: a float, or a tensor broadcastable to (B, H, T, 1), e.g. (1, H, 1, 1).
-    The projection and the subtraction run in fp32 and the result is cast once: where y is nearly
-    parallel to v, z is a small difference of large terms, and bf16 rounding of either term would
-    leave a visible component along v. The clamp keeps v = 0 finite (the projection is then 0 and z = y).
-    """
-    y32, v32 = y.float(), v.float()
-    dot = (y32 * v32).sum(dim=-1, keepdim=True)
-    norm_sq = (v32 * v32).sum(dim=-1, keepdim=True).clamp_min(eps)
-    return (y32 - (alpha * dot / norm_sq) * v32).to(y.dtype)
+    @classmethod
+    def from_config(cls, xsa_cfg, n_layer: int, ve_layers: list[int]) -> XSASettings:
+        """From the Hydra `xsa` node; the layer selection resolved for n_layer (ConfigError if it cannot be)."""
+        spec = xsa_cfg.layers
+        if not isinstance(spec, (str, int)):
+            spec = list(spec)
+        return cls(alpha=float(xsa_cfg.alpha), learnable=bool(xsa_cfg.learnable),
+                   parametrization=str(xsa_cfg.parametrization), value_source=str(xsa_cfg.value_source),
+                   layers=resolve_layers(spec, n_layer, ve_layers), eps=float(xsa_cfg.eps))
 
+    def on(self, layer: int) -> bool:
+        """Whether XSA runs in this layer: selected, and not a fixed alpha of 0. Where it does not run it is
+        skipped entirely (not multiplied by zero), so that layer is bit-identical to standard attention."""
+        return layer in self.layers and (self.learnable or self.alpha != 0.0)
 
-def learnable_alpha(theta: torch.Tensor, parametrization: str) -> torch.Tensor:
-    """alpha from its trained parameter: sigmoid keeps it in (0, 1) for every theta; tanh (modded-nanogpt's
-    signed form) allows (-1, 1), where a negative alpha adds the token's own value instead of removing it."""
-    return torch.sigmoid(theta) if parametrization == "sigmoid" else torch.tanh(theta)
-
-
-def initial_theta(alpha: float, parametrization: str) -> float:
-    """The theta at which learnable_alpha starts at alpha (inside (0, 1) for sigmoid, [0, 1) for tanh)."""
-    if not (0 < alpha < 1 if parametrization == "sigmoid" else 0 <= alpha < 1):
-        raise ValueError(f"initial alpha {alpha} is out of reach of {parametrization}(theta); use a value inside (0, 1)")
-    return math.log(alpha / (1 - alpha)) if parametrization == "sigmoid" else math.atanh(alpha)
+    @property
+    def active(self) -> bool:
+        """Whether XSA runs in any layer (else the model is standard attention)."""
+        return any(self.on(layer) for layer in self.layers)
 
 
 def resolve_layers(spec, n_layer: int, ve_layers: list[int]) -> list[int]:
-    """Turn an `xsa.layers` value into a sorted list of layer indices, or raise ValueError."""
+    """Turn an `xsa.layers` value into a sorted list of layer indices, or raise ConfigError."""
     allowed = f"allowed: {LAYER_SELECTIONS} (n_layer={n_layer})"
     if isinstance(spec, (list, tuple)):
         layers = list(spec)
         for i in layers:
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n_layer:
-                raise ValueError(f"xsa.layers: layer {i!r} is out of range; use indices in 0..{n_layer - 1}")
+                raise ConfigError(f"xsa.layers: layer {i!r} is out of range; use indices in 0..{n_layer - 1}")
         if len(set(layers)) != len(layers):
-            raise ValueError(f"xsa.layers: duplicate layer in {layers}; list each layer once")
+            raise ConfigError(f"xsa.layers: duplicate layer in {layers}; list each layer once")
         return sorted(layers)
     if isinstance(spec, int) and not isinstance(spec, bool):
         return resolve_layers([spec], n_layer, ve_layers)
     if not isinstance(spec, str):
-        raise ValueError(f"xsa.layers: cannot read {spec!r}; {allowed}")
+        raise ConfigError(f"xsa.layers: cannot read {spec!r}; {allowed}")
     named = {"all": list(range(n_layer)), "none": [], "ve": list(ve_layers),
              "non_ve": [i for i in range(n_layer) if i not in ve_layers]}
     if spec in named:
@@ -66,6 +72,6 @@ def resolve_layers(spec, n_layer: int, ve_layers: list[int]) -> list[int]:
         if kind == "every":
             return list(range(0, n_layer, k))
         if k > n_layer:
-            raise ValueError(f"xsa.layers: {spec} asks for more layers than the model has; use K <= {n_layer}")
+            raise ConfigError(f"xsa.layers: {spec} asks for more layers than the model has; use K <= {n_layer}")
         return list(range(k)) if kind == "first" else list(range(n_layer - k, n_layer))
-    raise ValueError(f"xsa.layers: unknown selection {spec!r}; {allowed}")
+    raise ConfigError(f"xsa.layers: unknown selection {spec!r}; {allowed}")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import sys
 from pathlib import Path
 
+from xsa_exp.errors import exit_on_user_error
 from xsa_exp.report import compare as cmp
 from xsa_exp.report import plots, render
 from xsa_exp.report.runs import Problem, ReportError, RunProblem, discover, incomplete_reason, load_run
@@ -111,9 +111,6 @@ def main(argv: list[str] | None = None) -> None:
                         help="α of the baseline arm (default 0: standard attention)")
     parser.add_argument("--force", action="store_true", help="write into an existing non-empty report folder")
     args = parser.parse_args(argv)
-    try:
+    with exit_on_user_error():
         report = build_report(args.paths, args.out, args.baseline_alpha, args.force)
-    except ReportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
     print(f"report: {report}")

@@ -11,12 +11,14 @@ import numpy as np
 import pandas as pd
 
 from xsa_exp import run_dir as rd
+from xsa_exp.errors import UserError
+from xsa_exp.model.xsa import XSASettings
 from xsa_exp.report.sweep import expected_jobs
 
 HEADLINE = re.compile(r"(Chat)?CORE( \d+/\d+)?")  # summary.json names: CORE, CORE 18/22, ChatCORE, ChatCORE 3/5
 
 
-class ReportError(Exception):
+class ReportError(UserError):
     """Nothing to report or nowhere to write it; the message is one line."""
 
 
@@ -36,7 +38,7 @@ class Arm:
     @classmethod
     def of(cls, run: dict) -> Arm:
         lr_scale = float(run.get("lr_scale", 1.0))
-        if (not run["learnable"] and float(run["alpha"]) == 0) or not run["xsa_layers"]:
+        if not XSASettings(alpha=float(run["alpha"]), learnable=bool(run["learnable"]), layers=list(run["xsa_layers"])).active:
             return cls(run["optim"], 0.0, "", "", lr_scale)
         layers = run["layers"]
         if not isinstance(layers, str):  # a list of layer indices, or one index

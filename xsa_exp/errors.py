@@ -1,0 +1,37 @@
+"""The one error type for problems the user can fix, and the one handler of train.py, evaluate.py and
+`python -m xsa_exp.report`.
+
+A UserError's message is one line that names what is wrong and the fix. Its subclasses say where the
+problem lies (ConfigError: a setting; RunError, BundleError, DataError, ReportError: a run, the eval
+bundle, data, a report folder) and are raised as they are: nothing catches one to re-raise another.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+EXIT_STATUS = 2
+
+
+class UserError(Exception):
+    """A problem the user can fix; the message is one line naming it and the fix."""
+    label = "error"
+
+
+class ConfigError(UserError, ValueError):
+    """A setting (a key, a value, a combination of keys) that cannot run."""
+    label = "config error"
+
+
+@contextmanager
+def exit_on_user_error(label: str | None = None) -> Iterator[None]:
+    """A UserError becomes one line on stderr, `<label>: <message>`, and exit status 2. The label is the
+    error's own ("error", "config error" for a ConfigError) unless given: the checks of a command line
+    before it runs report every problem as a config error."""
+    try:
+        yield
+    except UserError as e:
+        print(f"{label or e.label}: {e}", file=sys.stderr)
+        sys.exit(EXIT_STATUS)

@@ -1,0 +1,39 @@
+"""Exclusive Self-Attention, the op (its settings are xsa_exp/model/xsa.py).
+
+z_i = y_i - alpha * (<y_i, v_i> / max(|v_i|^2, eps)) * v_i, per head, on the attention output y
+before the output projection. alpha = 0 leaves y untouched; alpha = 1 removes the component of y_i
+along the token's own value, so z_i is orthogonal to v_i.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor, alpha: float | torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Remove alpha times the projection of y onto v along the last dim.
+
+    y, v: (B, H, T, D). alpha: a float, or a tensor broadcastable to (B, H, T, 1), e.g. (1, H, 1, 1).
+    The projection and the subtraction run in fp32 and the result is cast once: where y is nearly
+    parallel to v, z is a small difference of large terms, and bf16 rounding of either term would
+    leave a visible component along v. The clamp keeps v = 0 finite (the projection is then 0 and z = y).
+    """
+    y32, v32 = y.float(), v.float()
+    dot = (y32 * v32).sum(dim=-1, keepdim=True)
+    norm_sq = (v32 * v32).sum(dim=-1, keepdim=True).clamp_min(eps)
+    return (y32 - (alpha * dot / norm_sq) * v32).to(y.dtype)
+
+
+def learnable_alpha(theta: torch.Tensor, parametrization: str) -> torch.Tensor:
+    """alpha from its trained parameter: sigmoid keeps it in (0, 1) for every theta; tanh (modded-nanogpt's
+    signed form) allows (-1, 1), where a negative alpha adds the token's own value instead of removing it."""
+    return torch.sigmoid(theta) if parametrization == "sigmoid" else torch.tanh(theta)
+
+
+def initial_theta(alpha: float, parametrization: str) -> float:
+    """The theta at which learnable_alpha starts at alpha (inside (0, 1) for sigmoid, [0, 1) for tanh)."""
+    if not (0 < alpha < 1 if parametrization == "sigmoid" else 0 <= alpha < 1):
+        raise ValueError(f"initial alpha {alpha} is out of reach of {parametrization}(theta); use a value inside (0, 1)")
+    return math.log(alpha / (1 - alpha)) if parametrization == "sigmoid" else math.atanh(alpha)
