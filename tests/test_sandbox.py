@@ -235,7 +235,7 @@ def writable(path):
 print(writable(os.getcwd()), [p for p in ("/", "/usr", "/etc", {str(home)!r}, "/tmp", "/var/tmp", "/dev/shm") if writable(p)])
 print(os.getcwd())
 # The cache is hidden by an empty mount, or not there at all where the project itself is under /tmp.
-print(os.listdir("/tmp"), os.listdir("/var/tmp"), os.listdir("/dev/shm"),
+print(sorted(os.listdir("/tmp")), os.listdir("/var/tmp"), os.listdir("/dev/shm"),
       os.listdir({str(cache)!r}) if os.path.isdir({str(cache)!r}) else [])
 print(os.listdir({str(runs)!r}) if os.path.isdir({str(runs)!r}) else [])
 print(sorted(os.listdir({str(home)!r})))
@@ -245,8 +245,10 @@ print(sum(p.isdigit() for p in os.listdir("/proc")))
     assert result.passed, result.detail
     writable, workdir, temporary, runs_listing, home_listing, credentials, n_processes = result.stdout.splitlines()
     assert writable == "True []"
-    # /tmp holds only the way to the work directory (when that is under /tmp, as by default).
-    under_tmp = [Path(workdir).relative_to("/tmp").parts[0]] if workdir.startswith("/tmp/") else []
+    # /tmp holds only the way to the work directory (when that is under /tmp, as by default) and to the
+    # interpreter (when that is under /tmp, as in a virtual environment of a clone there).
+    under_tmp = sorted({Path(p).relative_to("/tmp").parts[0] for p in (workdir, sys.prefix, sys.base_prefix)
+                        if Path(p).is_relative_to("/tmp")})
     assert temporary == f"{under_tmp} [] [] []"
     assert runs_listing == "[]"
     interpreter = [Path(p).relative_to(home).parts[0] for p in (sys.base_prefix, sys.prefix) if Path(p).is_relative_to(home)]
