@@ -427,3 +427,17 @@ def test_cli(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no run directories") and len(err.strip().splitlines()) == 1
+
+
+def test_attention_diagnostics_are_tabulated_per_layer_as_the_mean_over_seeds(tmp_path):
+    study = tmp_path / "study"
+    for seed in (1, 2):  # make_run logs diag/{metric}/L{i} = 0.1 (i + 1) + alpha at the last step
+        make_run(study, f"base{seed}", alpha=0.0, seed=seed)
+        make_run(study, f"xsa{seed}", alpha=1.0, seed=seed)
+    report = build_report([study])
+    got = numbers(report)
+    for arm, alpha in ((BASE, 0.0), (XSA, 1.0)):
+        for layer in range(N_LAYER):
+            assert got[arm, f"diag/attn_self_cos/L{layer}", "last_mean"] == pytest.approx(0.1 * (layer + 1) + alpha)
+        assert got[arm, "diag/diag_attn", "last_mean"] == pytest.approx(0.15 + alpha)
+    assert "0.100 / 0.200 (mean 0.150)" in table_row(report.read_text().split("### Attention diagnostics\n")[1], BASE)

@@ -79,6 +79,7 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
             *render.optimizer_section(depth, cmp.optimizer_interactions(at_depth), out),
             *render.stability_section(depth, stability.get(depth, []), out),
             *render.learned_alpha_section(depth, at_depth, out),
+            *render.diagnostics_section(depth, at_depth, out),
             *render.mechanism_section(depth, at_depth, out),
             *render.plots_section(made)]))
     points = cmp.scale_trend(results)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from xsa_exp.report.runs import Arm, Run
 from xsa_exp.report.stats import (Estimate, aggregate_of, bootstrap_examples, interaction, mean_ci,
@@ -34,6 +35,10 @@ class ArmResult:
         base = self.baseline.values[metric].value
         diff = self.values[metric].value - base
         return diff, relative_change(diff, base)
+
+    def diagnostics(self, name: str) -> pd.Series:
+        """diag/{name} per layer at each run's last diagnostics step, mean over the arm's runs (empty if never measured)."""
+        return pd.DataFrame([run.diagnostics(name) for run in self.runs]).mean()
 
     @property
     def n_params(self) -> int:

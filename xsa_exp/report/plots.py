@@ -10,9 +10,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from xsa_exp.report.compare import ArmResult, ScalePoint
+from xsa_exp.report.render import REPORTED_DIAGNOSTICS
 from xsa_exp.report.stats import band
 
-PLOTTED_DIAGNOSTICS = ("attn_self_cos", "out_self_cos", "diag_attn", "attn_entropy")
 
 
 def plot_band(ax, curve: pd.DataFrame, x: str, color: str, label: str | None, **line) -> None:
@@ -48,12 +48,12 @@ def plot_curves(depth: str, results: list[ArmResult], path: Path) -> None:
 
 def plot_diagnostics(depth: str, results: list[ArmResult], path: Path) -> bool:
     """Per-layer diagnostics of the last diagnostics row, mean over each arm's seeds; False if none were logged."""
-    fig = Figure(figsize=(4.3 * len(PLOTTED_DIAGNOSTICS), 4), layout="constrained")
-    axes = fig.subplots(1, len(PLOTTED_DIAGNOSTICS))
+    fig = Figure(figsize=(4.3 * len(REPORTED_DIAGNOSTICS), 4), layout="constrained")
+    axes = fig.subplots(1, len(REPORTED_DIAGNOSTICS))
     plotted = False
-    for ax, name in zip(axes, PLOTTED_DIAGNOSTICS):
+    for ax, name in zip(axes, REPORTED_DIAGNOSTICS):
         for i, result in enumerate(results):
-            per_layer = pd.DataFrame([run.diagnostics(name) for run in result.runs]).mean()
+            per_layer = result.diagnostics(name)
             if not per_layer.empty:
                 ax.plot(per_layer.index, per_layer.to_numpy(), "o-", color=f"C{i % 10}", label=result.arm.label)
                 plotted = True

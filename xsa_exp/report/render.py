@@ -12,6 +12,10 @@ from xsa_exp.report.runs import Problem, Run, describe_scope
 from xsa_exp.report.stats import RELATIVE_MIN_BASELINE, SPIKE_RISE, WARMUP_FRACTION, Estimate
 
 
+# The attention diagnostics the report tabulates and plots per layer (xsa_exp.eval.diagnostics has them all).
+REPORTED_DIAGNOSTICS = ("attn_self_cos", "out_self_cos", "diag_attn", "attn_entropy")
+
+
 class Numbers(list):
     """numbers.csv's rows (depth, arm, metric, statistic, value), added by the sections as they print."""
 
@@ -194,6 +198,32 @@ def learned_alpha_section(depth: str, results: list[ArmResult], out: Numbers) ->
                   f"over {len(alphas)} seeds (0 in layers without XSA):", "",
                   md_table(["layer", *(f"head {h}" for h in range(n_heads)), "mean"], table), ""]
     return ["### Learned α", "", *parts] if parts else []
+
+
+def diagnostics_section(depth: str, results: list[ArmResult], out: Numbers) -> list[str]:
+    """Per arm and layer, each reported diagnostic at the runs' last diagnostics step, mean over seeds."""
+    table = []
+    for r in results:
+        per_layer = {name: r.diagnostics(name) for name in REPORTED_DIAGNOSTICS}
+        if all(values.empty for values in per_layer.values()):
+            continue
+        cells = [r.arm.label]
+        for name, values in per_layer.items():
+            if values.empty:
+                cells.append("—")
+                continue
+            out.add(depth, r.arm.label, f"diag/{name}", "last_mean", float(values.mean()))
+            for layer, value in values.items():
+                out.add(depth, r.arm.label, f"diag/{name}/L{layer}", "last_mean", float(value))
+            cells.append(" / ".join(num(v, 3) for v in values) + f" (mean {num(values.mean(), 3)})")
+        table.append(cells)
+    if not table:
+        return []
+    return ["### Attention diagnostics", "",
+            "At each run's last diagnostics step, per layer (0 / 1 / ...; mean over layers in brackets), mean over "
+            "seeds: attn_self_cos = cos(y_i, v_i), out_self_cos = cos(z_i, v_i) (≈ 0 where α = 1), diag_attn = a_ii, "
+            "attn_entropy in nats.", "",
+            md_table(["arm", *REPORTED_DIAGNOSTICS], table), ""]
 
 
 def mechanism_section(depth: str, results: list[ArmResult], out: Numbers) -> list[str]:
