@@ -40,12 +40,6 @@ def resolve_max_steps(train_cfg: DictConfig, model: GPT, datamodule: TextDataMod
     return max(1, round(train_cfg.param_data_ratio * scaling_params / train_cfg.total_batch_tokens))
 
 
-# Narrowest model width at which bf16-mixed beats fp32 on a CPU with native bf16 matmul, at no measured
-# bpb cost (BENCHMARKS.md, "Precision on CPU"): below it the step is dominated by small-op overhead and the
-# casts cost more than the faster matmuls save.
-CPU_BF16_MIN_WIDTH = 256
-
-
 def cpu_has_native_bf16() -> bool:
     """AVX512-BF16 or AMX-BF16 in the CPU flags (Linux); elsewhere bf16 matmul is emulated and slower than fp32."""
     try:
@@ -55,17 +49,20 @@ def cpu_has_native_bf16() -> bool:
     return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
-def resolve_precision(trainer_cfg: DictConfig, n_embd: int) -> tuple[str, str]:
-    """The Lightning precision for trainer.precision, and why it was chosen."""
+def resolve_precision(trainer_cfg: DictConfig) -> tuple[str, str]:
+    """The Lightning precision for trainer.precision, and why it was chosen.
+
+    On a CPU, auto is fp32 even where bf16 matmul is native: bf16-mixed trains faster from 256 wide but
+    reached a worse val bpb at every width measured (BENCHMARKS.md, "Precision on CPU"), so it is a
+    trade the user makes explicitly."""
     if trainer_cfg.precision != "auto":
         return str(trainer_cfg.precision), "trainer.precision"
     if torch.cuda.is_available() and trainer_cfg.accelerator in ("auto", "gpu", "cuda"):
         return "bf16-mixed", "auto: CUDA"
     if not cpu_has_native_bf16():
-        return "32-true", "auto: this CPU has no native bf16 matmul"
-    if n_embd < CPU_BF16_MIN_WIDTH:
-        return "32-true", f"auto: CPU with native bf16, but model.n_embd={n_embd} < {CPU_BF16_MIN_WIDTH}, where fp32 is faster"
-    return "bf16-mixed", f"auto: CPU with native bf16 matmul and model.n_embd={n_embd} >= {CPU_BF16_MIN_WIDTH}"
+        return "32-true", "auto: CPU without native bf16 matmul"
+    return "32-true", ("auto: CPU; bf16-mixed is faster here from 256 wide but costs val bpb (BENCHMARKS.md), "
+                       "trainer.precision=bf16-mixed to trade")
 
 
 def run_summary(cfg: DictConfig) -> dict:
@@ -136,7 +133,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
                                 cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER)
     max_steps = resolve_max_steps(cfg.train, model, datamodule)
     summary = run_summary(cfg)
-    precision, precision_reason = resolve_precision(cfg.trainer, cfg.model.n_embd)
+    precision, precision_reason = resolve_precision(cfg.trainer)
     run = rd.run_info(run_dir=run_dir, max_steps=max_steps, tokens_per_step=cfg.train.total_batch_tokens,
                       grad_accumulation=grad_accumulation(cfg), precision=precision, precision_reason=precision_reason,
                       xsa_layers=model.config.xsa.layers, param_counts=model.param_counts(), arm=summary,
