@@ -117,3 +117,16 @@ def test_run_directory_names_say_the_arm():
 
     assert xsa_arm_name(1.0, False) == "a1.0" and xsa_arm_name(0.0, False) == "a0.0"
     assert xsa_arm_name(0.5, True) == "learnable_from_a0.5"
+
+
+@pytest.mark.parametrize("native, width, expected", [(True, 768, "bf16-mixed"), (True, 1024, "bf16-mixed"),
+                                                     (True, 256, "32-true"), (False, 768, "32-true")])
+def test_precision_auto_on_cpu_follows_the_measured_rule(monkeypatch, native, width, expected):
+    from xsa_exp import training
+
+    monkeypatch.setattr(training.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: native)
+    precision, reason = training.resolve_precision(compose_config("trainer=cpu").trainer, width)
+    assert precision == expected and reason.startswith("auto: CPU")
+    assert training.resolve_precision(compose_config("trainer.precision=bf16-mixed").trainer, 128) == (
+        "bf16-mixed", "trainer.precision")

@@ -189,7 +189,7 @@ class TrainerConfig:
     # Any: a device count or "auto" (also -1: all); checked in validate().
     devices: Any = key(1, "devices per node", accepts="an integer >= 1, auto or -1 (all)")
     num_nodes: int = key(1, "nodes", ge=1)
-    precision: str = key("auto", "auto = bf16-mixed on CUDA, 32-true on CPU (bf16-mixed works there too)",
+    precision: str = key("auto", "auto = bf16-mixed on CUDA and on native-bf16 CPUs from n_embd 768, else 32-true",
                          choices=PRECISIONS)
     strategy: str = key("auto", "Lightning strategy", choices=("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true",
                                                                "fsdp", "deepspeed", "single_device"))

@@ -49,20 +49,24 @@ def cpu_has_native_bf16() -> bool:
     return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
-def resolve_precision(trainer_cfg: DictConfig) -> tuple[str, str]:
-    """The Lightning precision for trainer.precision, and why it was chosen.
+# On a CPU with native bf16 matmul, the narrowest width at which bf16-mixed was measured faster than fp32
+# at no measurable val bpb cost (BENCHMARKS.md, "The default run and precision on CPU"): at 768 wide
+# it was; at 128 and 256 wide it cost bpb.
+CPU_BF16_MIN_WIDTH = 768
 
-    On a CPU, auto is fp32 even where bf16 matmul is native: bf16-mixed trains faster from 256 wide but
-    reached a worse val bpb at every width measured (BENCHMARKS.md, "Precision on CPU"), so it is a
-    trade the user makes explicitly."""
+
+def resolve_precision(trainer_cfg: DictConfig, n_embd: int) -> tuple[str, str]:
+    """The Lightning precision for trainer.precision, and why it was chosen."""
     if trainer_cfg.precision != "auto":
         return str(trainer_cfg.precision), "trainer.precision"
     if torch.cuda.is_available() and trainer_cfg.accelerator in ("auto", "gpu", "cuda"):
         return "bf16-mixed", "auto: CUDA"
     if not cpu_has_native_bf16():
         return "32-true", "auto: CPU without native bf16 matmul"
-    return "32-true", ("auto: CPU; bf16-mixed is faster here from 256 wide but costs val bpb (BENCHMARKS.md), "
-                       "trainer.precision=bf16-mixed to trade")
+    if n_embd < CPU_BF16_MIN_WIDTH:
+        return "32-true", (f"auto: CPU; below model.n_embd={CPU_BF16_MIN_WIDTH} bf16-mixed cost val bpb (BENCHMARKS.md), "
+                           "trainer.precision=bf16-mixed to trade")
+    return "bf16-mixed", f"auto: CPU with native bf16 matmul and model.n_embd >= {CPU_BF16_MIN_WIDTH}"
 
 
 def run_summary(cfg: DictConfig) -> dict:
@@ -133,7 +137,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
                                 cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER)
     max_steps = resolve_max_steps(cfg.train, model, datamodule)
     summary = run_summary(cfg)
-    precision, precision_reason = resolve_precision(cfg.trainer)
+    precision, precision_reason = resolve_precision(cfg.trainer, cfg.model.n_embd)
     run = rd.run_info(run_dir=run_dir, max_steps=max_steps, tokens_per_step=cfg.train.total_batch_tokens,
                       grad_accumulation=grad_accumulation(cfg), precision=precision, precision_reason=precision_reason,
                       xsa_layers=model.config.xsa.layers, param_counts=model.param_counts(), arm=summary,
