@@ -1,6 +1,7 @@
-"""Streamed corpora (data=climbmix from a local mirror, data=local): files, tokenizer budget, row order
-across ranks and workers, resuming, and the errors for missing data. Fixtures are small files written
-here and read through the same `datasets.load_dataset(..., streaming=True)` path as the hub."""
+"""Streamed corpora (data=climbmix from a local mirror, data=local): files, tokenizer budget, each
+reader's share and order, resuming, and the errors for missing data. Fixtures are small files written
+here and read through the same path as the hub (fsspec + pyarrow for parquet, `datasets` streaming for
+json and txt)."""
 
 import json
 import random
@@ -132,7 +133,7 @@ def test_climbmix_mirror_yields_rows_and_holds_out_the_last_shard(mirror, cache,
     assert data.corpus.val_files == (f"{mirror.resolve()}/shard_00003.parquet",)
     read = []
     read_file = sources._read_file
-    monkeypatch.setattr(sources, "_read_file", lambda corpus, file: read.append(file) or read_file(corpus, file))
+    monkeypatch.setattr(sources, "_read_file", lambda corpus, file, mine: read.append(file) or read_file(corpus, file, mine))
     n_epoch = len(epoch_rows(data))
     read.clear()
     n_rows = BATCH * (2 * n_epoch // BATCH + 1)  # into the third epoch
@@ -160,19 +161,40 @@ def test_validation_rows_are_the_first_tokens_of_the_validation_shard(mirror, ca
     assert len(torch.cat(data.val_batches(10**6))) < 10**6 // SEQ  # capped at the shard
 
 
-# (2) one global order whatever the ranks and workers
+# (2) readers: each rank (and worker) reads and tokenizes only its share; its batches are fixed by seed, ranks, workers
 
-@pytest.mark.parametrize("world_size,workers", [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2)])
-def test_ranks_and_workers_split_the_single_process_sequence(mirror, cache, reference, world_size, workers):
-    expected, n_epoch = reference
-    assert len(expected) > n_epoch  # the comparison crosses an epoch boundary
+def share(data, reader, readers) -> list[str]:
+    return [text for batch in read_documents(data.corpus, data.corpus.train_files, reader, readers) for text in batch]
+
+
+@pytest.mark.parametrize("readers", [2, 3, 4, 8])
+def test_readers_partition_the_training_documents(mirror, cache, readers):
+    data = datamodule(climbmix_cfg(mirror), cache)
+    shares = [share(data, k, readers) for k in range(readers)]
+    assert sorted(sum(shares, [])) == sorted(share(data, 0, 1))  # every document in exactly one share
+    sizes = [len(s) for s in shares]
+    assert max(sizes) - min(sizes) <= 7  # 15 row groups of up to 7 documents, dealt round: at most one apart
+
+
+def test_a_rank_tokenizes_only_its_share(mirror, cache):
+    data = datamodule(climbmix_cfg(mirror), cache, rank=0, world_size=2)
+    tokenized, encode = [], data.tokenizer.encode_batch
+    data.tokenizer.encode_batch = lambda texts: tokenized.extend(texts) or encode(texts)
+    take_rows(data, BATCH * 10)
+    mine, theirs = set(share(data, 0, 2)), set(share(data, 1, 2))
+    assert tokenized and set(tokenized) <= mine and not set(tokenized) & theirs
+
+
+@pytest.mark.parametrize("world_size,workers", [(1, 2), (2, 1), (2, 2), (3, 1)])
+def test_a_rank_interleaves_the_batches_of_its_workers_readers(mirror, cache, world_size, workers):
     cfg = climbmix_cfg(mirror, f"data.num_workers={workers}")
-    per_rank = [take_rows(datamodule(cfg, cache, rank=r, world_size=world_size), len(expected) // world_size)
-                for r in range(world_size)]
-    merged = torch.empty_like(expected).view(-1, BATCH, SEQ + 1)
-    for r, rows in enumerate(per_rank):
-        merged[r::world_size] = rows.view(-1, BATCH, SEQ + 1)  # rank r holds global batches r, r + R, ...
-    assert torch.equal(merged.view_as(expected), expected)
+    n_batches = 6 * workers
+    for rank in range(world_size):
+        data = datamodule(cfg, cache, rank=rank, world_size=world_size)
+        batches = take_rows(data, n_batches * BATCH).view(n_batches, BATCH, SEQ + 1)
+        readers = [data.train_rows.reader_rows(rank * workers + w, world_size * workers) for w in range(workers)]
+        for i, batch in enumerate(batches):  # the DataLoader takes its workers' batches in turn
+            assert torch.equal(batch, torch.stack(list(islice(readers[i % workers], BATCH))).long())
 
 
 # (3) the order depends on the seed only
@@ -192,26 +214,31 @@ def test_same_seed_same_rows_whatever_the_batch_size_and_another_seed_another_or
 
 # (4) resuming
 
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_state_dict_resumes_at_the_next_row(mirror, cache, reference, world_size):
-    expected, _ = reference
-    cfg = climbmix_cfg(mirror, "data.num_workers=1")
+@pytest.mark.parametrize("world_size,workers", [(1, 1), (1, 2), (2, 1), (2, 2)])
+def test_state_dict_resumes_at_the_next_row(mirror, cache, world_size, workers):
+    cfg = climbmix_cfg(mirror, f"data.num_workers={workers}")
     ranks = [datamodule(cfg, cache, rank=r, world_size=world_size) for r in range(world_size)]
+    uninterrupted = []
     for data in ranks:
-        batches = iter(data.train_dataloader())
-        for batch in islice(batches, 7):
+        batches = list(islice(iter(data.train_dataloader()), 8))
+        for batch in batches[:7]:
             data.on_before_batch_transfer(batch, 0)  # Lightning's call for each consumed batch
-        del batches
+        uninterrupted.append(batches[7])
     state = ranks[0].state_dict()
-    assert state == {"rows_consumed": 7 * BATCH * world_size} and all(d.state_dict() == state for d in ranks)
-    resumed = []
+    assert state == {"rows_consumed": 7 * BATCH * world_size, "readers": [world_size, workers]}
+    assert all(d.state_dict() == state for d in ranks)
     for r in range(world_size):
         data = datamodule(cfg, cache, rank=r, world_size=world_size)
         data.load_state_dict(state)
-        resumed.append(next(iter(data.train_dataloader())))
-    start = state["rows_consumed"]
-    for r, batch in enumerate(resumed):
-        assert torch.equal(batch, expected[start + r * BATCH: start + (r + 1) * BATCH])
+        assert torch.equal(next(iter(data.train_dataloader())), uninterrupted[r])
+
+
+def test_resuming_a_stream_with_other_readers_is_one_line_naming_the_fix(mirror, cache):
+    data = datamodule(climbmix_cfg(mirror, "data.num_workers=1"), cache)
+    data.load_state_dict({"rows_consumed": 8 * BATCH, "readers": [2, 1]})
+    with pytest.raises(DataError) as e:
+        data.train_dataloader()
+    assert "read by 2 ranks x 1 data loader workers" in one_line(e) and "trainer.devices x trainer.num_nodes = 2" in str(e.value)
 
 
 class Recorder(L.LightningModule):
@@ -242,7 +269,8 @@ def test_lightning_checkpoint_resumes_the_data_exactly(mirror, cache, tmp_path):
     _, whole = fit(6)
     first, _ = fit(3)
     first.save_checkpoint(tmp_path / "step3.ckpt")
-    assert torch.load(tmp_path / "step3.ckpt", weights_only=False)["TextDataModule"] == {"rows_consumed": 6 * BATCH}
+    assert torch.load(tmp_path / "step3.ckpt", weights_only=False)["TextDataModule"] == {"rows_consumed": 6 * BATCH,
+                                                                                      "readers": [1, 1]}
     _, resumed = fit(6, tmp_path / "step3.ckpt")
     assert len(whole.seen) == 12 and len(resumed.seen) == 6
     assert all(torch.equal(a, b) for a, b in zip(resumed.seen, whole.seen[6:]))

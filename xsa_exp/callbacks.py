@@ -8,6 +8,7 @@ at the last step. Every row carries tokens_seen = step x total_batch_tokens.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 
@@ -225,24 +226,37 @@ class PeriodicCheckpoint(ModelCheckpoint):
         self._last_global_step_saved = trainer.global_step
 
 
-class PreemptionCheckpoint(L.Callback):
-    """SIGTERM, or SIGUSR1 (SLURM's warning before preemption or time-out): finish the update in
-    progress, save a resumable checkpoint of it and stop cleanly; `resume=auto` continues from there.
+def preemption_signals() -> tuple[signal.Signals, ...]:
+    """SIGTERM (scancel, torchrun, a plain kill), SIGUSR1 (`sbatch --signal=USR1@<s>`) and the signal
+    submitit sends before a time limit or preemption (SIGUSR2, or what SUBMITIT_PREEMPT_SIGNAL names)."""
+    submitit_signal = signal.Signals["SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")]
+    return tuple(dict.fromkeys((signal.SIGTERM, signal.SIGUSR1, submitit_signal)))
 
-    Replaces Lightning's own handlers for the run, which would stop mid-accumulation. Under DDP rank 0's
-    flag is broadcast at every update, so all ranks stop at the same step."""
+
+class PreemptionCheckpoint(L.Callback):
+    """At a preemption signal: finish the update in progress, save checkpoints/stepNNNNNN.ckpt and stop;
+    then `hand_over()` passes the signal to the handler that was there before the run (submitit's, which
+    requeues the job and exits; none under plain sbatch or torchrun, where the run exits with status 0).
+    The requeued or relaunched run continues with resume=auto.
+
+    The handlers are ours from the start of training (replacing Lightning's SIGTERM handler, which would
+    broadcast from inside a signal handler); before that the previous ones act at once, since there is
+    no progress to save yet. Under DDP rank 0's signal is broadcast at every update, so every rank stops
+    after the same update and none is left waiting in a collective."""
 
     def __init__(self, run_dir):
         self.run_dir = run_dir
-        self.signal_name: str | None = None
+        self.received: signal.Signals | None = None
         self.stopped_at: int | None = None
+        # Made before the Trainer, so these are the launcher's handlers (submitit's), not Lightning's.
+        self.previous = {signum: signal.getsignal(signum) for signum in preemption_signals()}
 
     def _request(self, signum, frame) -> None:
-        self.signal_name = signal.Signals(signum).name
+        self.received = self.received or signal.Signals(signum)
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.last_step = trainer.global_step
-        for signum in (signal.SIGTERM, signal.SIGUSR1):
+        for signum in self.previous:
             signal.signal(signum, self._request)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -250,10 +264,21 @@ class PreemptionCheckpoint(L.Callback):
         if step == self.last_step:  # mid-accumulation: the update is not finished
             return
         self.last_step = step
-        if trainer.strategy.broadcast(self.signal_name is not None, src=0) and step < trainer.max_steps:
+        received = self.received.value if self.received else 0
+        if trainer.world_size > 1:
+            received = trainer.strategy.broadcast(received, src=0)
+        if received and step < trainer.max_steps:
+            self.received = signal.Signals(received)
             path = rd.step_checkpoint(self.run_dir, step)
             trainer.save_checkpoint(path)
-            rank_zero_info(f"{self.signal_name or 'signal'} received: saved {path} "
-                           "and stopping; continue with resume=auto")
+            rank_zero_info(f"{self.received.name} received: saved {path} and stopping; continue with resume=auto")
             self.stopped_at = step
             trainer.should_stop = True
+
+    def hand_over(self) -> None:
+        """Restore the handlers from before the run; if a signal stopped it, call the one of that signal."""
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        handler = self.previous.get(self.received) if self.stopped_at is not None else None
+        if callable(handler):
+            handler(self.received, None)  # submitit's: requeue (on rank 0) and exit

@@ -76,8 +76,9 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"model.ve_gate_channels={m.ve_gate_channels} exceeds model.n_embd={m.n_embd}")
     if cfg.data.name == "sample" and m.vocab_size > SAMPLE_CORPUS_MAX_VOCAB:
         raise ConfigError(f"model.vocab_size={m.vocab_size} is more than the embedded corpus supports (at most "
-                          f"{SAMPLE_CORPUS_MAX_VOCAB} tokens); use model.vocab_size<={SAMPLE_CORPUS_MAX_VOCAB} (e.g. 4096) "
-                          "or data=climbmix / data=local")
+                          f"{SAMPLE_CORPUS_MAX_VOCAB} tokens); add data=climbmix (data.local_dir=<shards> for a local copy) "
+                          "or data=local data.path=<files>, or use experiment=xsa_d12 / xsa_d24 for the study's runs, "
+                          f"or model.vocab_size<={SAMPLE_CORPUS_MAX_VOCAB} (e.g. 4096)")
     if x.learnable and x.parametrization == "sigmoid" and not 0.0 < x.alpha < 1.0:
         raise ConfigError(f"xsa.alpha={x.alpha} is the initial alpha of a learnable run, and sigmoid(theta) reaches 0 and 1 "
                           "only at infinite theta; use a value inside (0, 1), e.g. xsa.alpha=0.5 (or xsa=learnable)")
@@ -272,7 +273,10 @@ def preflight(config_name: str, argv: list[str], conf_dir: Path) -> list[DictCon
         if any(cfg.hydra.launcher._target_.endswith("BasicLauncher") and _devices_known(cfg) and world_size(cfg.trainer) > 1
                for cfg in runs):
             raise ConfigError("multi-device training inside a local Hydra sweep is not supported; run each multi-GPU "
-                              "job as its own `python train.py ...`, or sweep on a cluster with hydra/launcher=slurm")
+                              "job as its own `python train.py ...`, sweep with hydra/launcher=submitit_local "
+                              "hydra.launcher.tasks_per_node=<devices>, or on a cluster with hydra/launcher=slurm")
+        for cfg in runs:
+            check_submitit_job(cfg)
     for cfg in runs:
         (validate if config_name == "train" else validate_evaluate)(cfg)
     return runs
@@ -295,6 +299,26 @@ def check_overrides(config_name: str, base: DictConfig, overrides: list[str]) ->
         raise ConfigError(composition_error(e, overrides, lambda rest: base)) from None
     (validate if config_name == "train" else validate_evaluate)(cfg)
     return cfg
+
+
+def check_submitit_job(cfg: DictConfig) -> None:
+    """Under hydra-submitit-launcher a requeued job must continue its run, and the launcher starts the ranks
+    (one task per device): Lightning must not start more."""
+    launcher = cfg.hydra.launcher
+    if "hydra_submitit_launcher" not in launcher._target_:
+        return
+    if cfg.resume != "auto":
+        raise ConfigError("hydra/launcher=submitit_* requeues a job at its time limit or preemption, and the requeued job "
+                          "must continue its run; add resume=auto")
+    devices = cfg.trainer.devices
+    if not isinstance(devices, int) or isinstance(devices, bool):
+        return  # "auto" is resolved on the node
+    devices = world_size(cfg.trainer)
+    if launcher.tasks_per_node * launcher.nodes != devices or launcher.nodes != cfg.trainer.num_nodes:
+        raise ConfigError(f"trainer.devices x trainer.num_nodes = {devices} devices, but hydra.launcher.tasks_per_node="
+                          f"{launcher.tasks_per_node} x hydra.launcher.nodes={launcher.nodes} tasks; submitit starts one "
+                          f"process per device, so set hydra.launcher.tasks_per_node={cfg.trainer.devices} and "
+                          f"hydra.launcher.nodes={cfg.trainer.num_nodes} (hydra/launcher=slurm sets both)")
 
 
 def _devices_known(cfg: DictConfig) -> bool:

@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp import run_dir as rd
+from xsa_exp.cluster import cluster_plugins, export_submitit_local_ranks
 from xsa_exp.callbacks import (AttentionDiagnostics, CoreEvaluation, PeriodicCheckpoint, PreemptionCheckpoint,
                                TrainMetrics, ValidationBPB)
 from xsa_exp.console import quiet_libraries, quiet_wandb_logger
@@ -114,6 +115,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     """Train one model as configured; returns the run directory."""
     quiet_libraries()
     validate(cfg)
+    export_submitit_local_ranks()
     run_dir = Path(run_dir).resolve()
     check_writable(run_dir)
     resume_from = None
@@ -158,7 +160,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     # conf/trainer/ is passed to the Trainer as it is (precision "auto" resolved above); the rest is the run's.
     trainer = L.Trainer(
         **{**OmegaConf.to_container(cfg.trainer, resolve=True), "precision": run["precision"]},
-        max_steps=max_steps, accumulate_grad_batches=run["grad_accumulation"],
+        max_steps=max_steps, accumulate_grad_batches=run["grad_accumulation"], plugins=cluster_plugins(),
         gradient_clip_val=cfg.train.grad_clip or None, logger=loggers, callbacks=callbacks,
         limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=cfg.train.checkpoint_every > 0,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(run_dir))
@@ -169,9 +171,11 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     except BaseException as e:
-        # Recorded so that a sweep's report lists this job as failed instead of reading a partial log as a result.
+        # Recorded so that a sweep's report lists this job as failed instead of reading a partial log as a result;
+        # an exit (a launcher's requeue before training started) or Ctrl-C leaves it resumable, as interrupted.
+        status = "interrupted" if isinstance(e, (SystemExit, KeyboardInterrupt)) else "failed"
         with contextlib.suppress(OSError):  # a full disk may refuse this too
-            save_status(run_dir, "failed", trainer.global_step, f"{type(e).__name__}: {e}")
+            save_status(run_dir, status, trainer.global_step, f"{type(e).__name__}: {e}")
         if isinstance(e, OSError):
             raise RuntimeError(f"cannot write to run directory {run_dir} at step {trainer.global_step} ({e.strerror or e}); "
                                "completed checkpoints are intact — free space or fix permissions, then rerun with "
@@ -180,6 +184,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     preemption = next(c for c in callbacks if isinstance(c, PreemptionCheckpoint))
     if trainer.interrupted or preemption.stopped_at is not None:
         save_status(run_dir, "interrupted", trainer.global_step)
+        preemption.hand_over()  # under submitit: requeue the job and exit
         return run_dir
     trainer.save_checkpoint(rd.final_checkpoint(run_dir))
     save_tokenizer(run_dir, datamodule)

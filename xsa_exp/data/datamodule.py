@@ -59,6 +59,7 @@ class TextDataModule(L.LightningDataModule):
         self.tokenizer: Tokenizer | None = None
         self.tokenizer_dir = tokenizer_dir
         self.rows_consumed = 0  # global rows (all ranks) handed to training steps so far
+        self.readers: list[int] | None = None  # a stream's [ranks, data loader workers per rank], once reading
 
     def tokenizer_texts(self) -> Iterable[str]:
         if self.corpus is None:
@@ -141,10 +142,21 @@ class TextDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
-        batches = RankBatches(self.train_rows, self.device_batch_size, rank, world_size, start_row=self.rows_consumed)
         # Rows in memory need no workers; a stream is read and tokenized off the training process.
         workers = 0 if self.corpus is None else self.data_cfg.num_workers
+        if self.corpus is not None:
+            self.check_readers([world_size, max(1, workers)])
+        batches = RankBatches(self.train_rows, self.device_batch_size, rank, world_size, start_row=self.rows_consumed)
         return DataLoader(batches, batch_size=None, num_workers=workers)
+
+    def check_readers(self, readers: list[int]) -> None:
+        """A stream's order depends on its readers (ranks x workers): a resumed run must keep them."""
+        if self.readers is not None and self.readers != readers:
+            (ranks, workers), (now_ranks, now_workers) = self.readers, readers
+            raise DataError(f"this run's stream was read by {ranks} ranks x {workers} data loader workers, and would be "
+                            f"resumed with {now_ranks} x {now_workers}, which reads other batches; resume with "
+                            f"trainer.devices x trainer.num_nodes = {ranks} and data.num_workers = {workers}")
+        self.readers = readers
 
     def on_before_batch_transfer(self, batch: torch.Tensor, dataloader_idx: int) -> torch.Tensor:
         # Lightning calls this for each batch a training step consumes (not for batches fetched ahead),
@@ -153,10 +165,11 @@ class TextDataModule(L.LightningDataModule):
         return batch
 
     def state_dict(self) -> dict:
-        return {"rows_consumed": self.rows_consumed}
+        return {"rows_consumed": self.rows_consumed, **({"readers": self.readers} if self.readers else {})}
 
     def load_state_dict(self, state: dict) -> None:
         self.rows_consumed = state["rows_consumed"]
+        self.readers = state.get("readers")  # a stream's [ranks, workers]; absent for rows held in memory
 
     def validation_rows(self, n_rows: int | None) -> torch.Tensor:
         """The first n_rows validation rows (all if None or the split has fewer), int32 (n, sequence_len + 1)."""

@@ -1,8 +1,10 @@
 """Streamed corpora: the files of data=climbmix and data=local, and reading their documents.
 
-Each file is read on its own with `datasets.load_dataset(<format>, data_files=[file], streaming=True)`:
-the same code path for a local mirror and for the Hugging Face hub (hf:// URLs), in a fixed file
-order, so nothing is ever loaded whole and the document order depends only on the file list.
+Each file is read on its own, in a fixed file order, so nothing is ever loaded whole and the document
+order depends only on the file list: parquet one row group at a time with pyarrow through fsspec,
+json and txt with `datasets.load_dataset(<format>, data_files=[file], streaming=True)`; either way
+the same code path for a local mirror and for the Hugging Face hub (hf:// URLs). A reader of the
+training stream reads only its share of the row groups (read_documents).
 
 data=climbmix: the text form of ClimbMix-400B that nanochat pretrains on, parquet shards
 shard_00000 ... shard_06542 (one `text` column) of the dataset repo karpathy/climbmix-400b-shuffle.
@@ -21,7 +23,8 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from itertools import count
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -32,7 +35,7 @@ from xsa_exp.errors import ConfigError, UserError
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
 TXT_SAMPLE_BY = ("document", "paragraph", "line")  # a .txt document: the whole file, a paragraph, a line
-DOCS_PER_READ = 256  # documents per read, which is also the tokenizer's batch
+DOCS_PER_READ = 256  # documents per read of a json/txt file: its chunk, and the tokenizer's batch
 
 
 class DataError(UserError, ValueError):
@@ -173,30 +176,65 @@ def check_chat_sources(data_cfg: DictConfig) -> None:
                                 f"set {key}.data_files to a local copy, or go online")
 
 
-def read_documents(corpus: StreamedCorpus, files: tuple[str, ...]) -> Iterator[list[str]]:
-    """Batches of document texts from files, in order. Missing and empty documents are skipped."""
+def read_documents(corpus: StreamedCorpus, files: tuple[str, ...], reader: int = 0,
+                   readers: int = 1) -> Iterator[list[str]]:
+    """Batches of document texts from files, in order: every chunk, or reader's share of them out of readers.
+
+    A chunk is a parquet row group (1,024 documents in ClimbMix's shards) or DOCS_PER_READ documents of a
+    json/txt file. Chunks are counted over all the files in order and dealt round: chunk g belongs to
+    reader g % readers, so every document belongs to exactly one reader and the shares differ by at most
+    one chunk. A reader reads (parquet: it opens every file's footer, then only its row groups) or at
+    least tokenizes (json/txt, which must be parsed in order) only its own chunks. Missing and empty
+    documents are skipped."""
+    chunks = count()  # the index of the next chunk, over all files
     for file in files:
-        yield from _read_file(corpus, file)
+        yield from _read_file(corpus, file, lambda: next(chunks) % readers == reader)
 
 
-def _read_file(corpus: StreamedCorpus, file: str) -> Iterator[list[str]]:
-    import datasets  # here, not at the top: config checks import this module and stay fast
-
+def _read_file(corpus: StreamedCorpus, file: str, mine: Callable[[], bool]) -> Iterator[list[str]]:
+    """The documents of each chunk of file for which mine() (asked once per chunk, in order) is true."""
     builder = FORMATS[PurePosixPath(file).suffix]
-    column = "text" if builder == "text" else corpus.text_column
-    options = {"sample_by": corpus.txt_sample_by} if builder == "text" else {}
     try:
-        stream = datasets.load_dataset(builder, data_files=[file], split="train", streaming=True, **options)
-        for batch in stream.iter(batch_size=DOCS_PER_READ):
-            if column not in batch:
-                raise DataError(f"data.text_column={column!r} is not a column of {file} (it has {', '.join(batch)}); "
-                                "set data.text_column")
-            yield [text for text in batch[column] if text]
+        chunks = _parquet_row_groups(corpus, file, mine) if builder == "parquet" else _dataset_blocks(corpus, file, mine)
+        for texts in chunks:
+            yield [text for text in texts if text]
     except DataError:
         raise
     except Exception as e:  # any failure to open or read: network, permissions, a corrupt file
         reason = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
         raise DataError(f"cannot read {file} ({type(e).__name__}: {reason}); {corpus.fix}") from e
+
+
+def _parquet_row_groups(corpus: StreamedCorpus, file: str, mine: Callable[[], bool]) -> Iterator[list[str]]:
+    """The text column of each of the file's row groups that `mine` keeps, read one row group at a time.
+    fsspec opens local paths and hf:// URLs alike (huggingface_hub's file system), fetching only what is read."""
+    import fsspec  # here, not at the top: config checks import this module and stay fast
+    import pyarrow.parquet as pq
+
+    with fsspec.open(file, "rb") as f:
+        parquet = pq.ParquetFile(f)
+        if corpus.text_column not in parquet.schema_arrow.names:
+            raise DataError(f"data.text_column={corpus.text_column!r} is not a column of {file} (it has "
+                            f"{', '.join(parquet.schema_arrow.names)}); set data.text_column")
+        for j in range(parquet.num_row_groups):
+            if mine():
+                yield parquet.read_row_group(j, columns=[corpus.text_column]).column(0).to_pylist()
+
+
+def _dataset_blocks(corpus: StreamedCorpus, file: str, mine: Callable[[], bool]) -> Iterator[list[str]]:
+    """Blocks of DOCS_PER_READ documents of a json or txt file that `mine` keeps, streamed with `datasets`."""
+    import datasets
+
+    builder = FORMATS[PurePosixPath(file).suffix]
+    column = "text" if builder == "text" else corpus.text_column
+    options = {"sample_by": corpus.txt_sample_by} if builder == "text" else {}
+    stream = datasets.load_dataset(builder, data_files=[file], split="train", streaming=True, **options)
+    for batch in stream.iter(batch_size=DOCS_PER_READ):
+        if column not in batch:
+            raise DataError(f"data.text_column={column!r} is not a column of {file} (it has {', '.join(batch)}); "
+                            "set data.text_column")
+        if mine():
+            yield batch[column]
 
 
 def offline_variable() -> str | None:

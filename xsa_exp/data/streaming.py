@@ -1,37 +1,40 @@
 """The order training reads rows in, and how ranks and workers split it.
 
-The global row sequence is endless and depends only on the corpus, sequence_len and the seed (so
-arms that differ in model or XSA settings see the same batches in the same order):
-- data=sample: epochs, each a permutation of all packed rows drawn from a generator seeded with
-  (seed, epoch).
-- streamed corpora: epochs, each the training files packed in file and document order (packing.py)
-  and shuffled through a buffer of data.shuffle_rows rows seeded with (seed, epoch). Memory holds the
-  buffer and one batch of documents, however long the run.
+Both orders depend only on the corpus, sequence_len, the seed and (for a stream) the number of
+readers, never on the model or XSA settings, so two arms see the same batches in the same order.
 
-The global sequence is cut into batches of device_batch_size rows; rank r of R takes batches r, r+R,
-r+2R, ... and its DataLoader worker w of W makes the rank's batches w, w+W, ... (the DataLoader
-hands out workers' batches round-robin), so no row is read twice or skipped and the sequence does
-not depend on R or W. Whole batches per rank make R ranks sum exactly the per-batch gradients that
-one device sums over R accumulated micro-batches. The price: every
-reader walks the whole sequence and keeps its share, so for a streamed corpus each reader tokenizes
-all the text; more workers give no more throughput than one (which moves reading off the training
-process).
+data=sample and sft (rows in memory): one global sequence of epochs, each a permutation of all rows
+drawn from a generator seeded with (seed, epoch). It is cut into batches of device_batch_size rows;
+rank r of R takes batches r, r+R, ... and its DataLoader worker w of W the rank's batches w, w+W, ...,
+so the sequence does not depend on R or W, and R ranks sum exactly the per-batch gradients that one
+device sums over R accumulated micro-batches.
 
-Position: global rows consumed. A reader started at row s skips the rows before it; for a streamed
-corpus that means reading and tokenizing them again.
+Streamed corpora (climbmix, local): each of the K = R x W readers (reader k = rank x W + worker; W = 1
+without workers) reads and tokenizes only its share of the training documents (sources.read_documents:
+whole parquet row groups, or blocks of a json/txt file, dealt round), packs it, shuffles the rows through its own
+buffer of data.shuffle_rows seeded with (seed, epoch, k, K), epoch after epoch, and makes that rank's
+batches w, w+W, ... So a reader's work falls as 1/K. What is guaranteed instead of one global order:
+the same batches for the same seed, R and W; and for any R and W, every training document in exactly
+one reader's share, so each reader's epoch is its share and all of them together are the whole
+corpus, once (readers' epochs drift apart by at most a chunk's rows). A resumed run must keep R and W
+(the datamodule checks). Memory holds the buffer and one chunk of documents, however long the run.
+
+Position: global rows consumed, so each rank has consumed rows / (device_batch_size x R) batches and
+each reader knows how many of its own batches to skip (for a stream: read and tokenize again).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Iterator
-from itertools import count
+from itertools import count, islice
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from xsa_exp.data.packing import packed_rows
 from xsa_exp.data.sources import DataError, StreamedCorpus, read_documents
+from xsa_exp.cluster import available_cpus
 from xsa_exp.data.tokenizer import Tokenizer
 
 
@@ -57,24 +60,65 @@ class EpochPermutations:
             for i in torch.randperm(len(self.rows), generator=generator).tolist():
                 yield self.rows[i]
 
+    def batches(self, batch_size: int, rank: int, world_size: int, worker: int, workers: int,
+                start_row: int) -> Iterator[torch.Tensor]:
+        """Global batches rank, rank + R, ... of the sequence from global row start_row on, and of those this
+        worker's: w, w + W, ... (the DataLoader's round-robin over workers restores the rank's order)."""
+        rows_per_batch = batch_size * world_size  # global rows behind one batch of every rank
+        batch = []
+        for index, row in enumerate(self):
+            offset = index - start_row
+            # Rank r takes whole global batches r, r + R, ...: a step then sums the same per-batch gradients
+            # whether they come from R ranks or from R accumulated micro-batches on one device.
+            if offset < 0 or (offset // batch_size) % world_size != rank \
+                    or (offset // rows_per_batch) % workers != worker:
+                continue
+            batch.append(row)
+            if len(batch) == batch_size:
+                yield torch.stack(batch).long()
+                batch = []
+
 
 class StreamedRows:
-    """A streamed corpus's training files, packed, through a shuffle buffer seeded with (seed, epoch)."""
+    """A streamed corpus's training files, each reader's share packed and shuffled through its own buffer."""
 
     def __init__(self, corpus: StreamedCorpus, tokenizer: Tokenizer, row_len: int, seed: int, buffer_rows: int):
         self.corpus, self.tokenizer, self.row_len = corpus, tokenizer, row_len
         self.seed, self.buffer_rows = seed, buffer_rows
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
+    def epoch_rows(self, epoch: int, reader: int, readers: int) -> Iterator[torch.Tensor]:
+        """One epoch of reader `reader` of `readers`: its share of the documents, packed and shuffled."""
+        documents = read_documents(self.corpus, self.corpus.train_files, reader, readers)
+        # One seed per (seed, epoch, reader) for a given number of readers; a single reader's is epoch_seed's.
+        rng = random.Random(epoch_seed(self.seed, epoch) * readers + reader)
+        return buffer_shuffle(packed_rows(self.tokenizer, documents, self.row_len), self.buffer_rows, rng)
+
+    def reader_rows(self, reader: int, readers: int) -> Iterator[torch.Tensor]:
+        """Reader `reader` of `readers`, epoch after epoch."""
         for epoch in count():
-            rows = packed_rows(self.tokenizer, read_documents(self.corpus, self.corpus.train_files), self.row_len)
             n_rows = 0
-            for row in buffer_shuffle(rows, self.buffer_rows, random.Random(epoch_seed(self.seed, epoch))):
+            for row in self.epoch_rows(epoch, reader, readers):
                 n_rows += 1
                 yield row
             if n_rows == 0:
-                raise DataError(f"the training files of data={self.corpus.name} hold fewer than sequence_len + 1 = "
-                                f"{self.row_len} tokens; add data or use a shorter model.sequence_len")
+                share = f"reader {reader} of {readers} (ranks x data loader workers) has" if readers > 1 else "hold"
+                fix = "; use fewer data.num_workers or ranks, or more training files" if readers > 1 else ""
+                raise DataError(f"the training files of data={self.corpus.name}: {share} fewer than sequence_len + 1 = "
+                                f"{self.row_len} tokens; add data or use a shorter model.sequence_len{fix}")
+
+    def batches(self, batch_size: int, rank: int, world_size: int, worker: int, workers: int,
+                start_row: int) -> Iterator[torch.Tensor]:
+        """The rank's batches from global row start_row on: batch i of a rank is reader rank x W + i % W's batch i // W.
+        The DataLoader asks its workers in turn starting with worker 0, so after c consumed batches worker w
+        plays reader role (w + c) % W."""
+        consumed = start_row // (batch_size * world_size)  # batches each rank has consumed
+        role = (worker + consumed) % workers
+        done = len(range(role, consumed, workers))  # of those, made by this role's reader
+        # The DataLoader's workers share the CPUs the process may use (SLURM's cpus_per_task), each tokenizing its share.
+        self.tokenizer.threads = max(1, available_cpus() // workers)
+        rows = islice(self.reader_rows(rank * workers + role, world_size * workers), done * batch_size, None)
+        while True:  # reader_rows never ends
+            yield torch.stack(list(islice(rows, batch_size))).long()
 
 
 def buffer_shuffle(items: Iterable, size: int, rng: random.Random) -> Iterator:
@@ -93,13 +137,10 @@ def buffer_shuffle(items: Iterable, size: int, rng: random.Random) -> Iterator:
 
 
 class RankBatches(IterableDataset):
-    """This rank's (and DataLoader worker's) batches of the global row sequence, from global row start_row on.
+    """This rank's (and DataLoader worker's) batches of `rows`, in the order its `batches` gives, from global
+    row start_row on."""
 
-    The global sequence is cut into batches of batch_size rows; rank r of R takes batches r, r + R, ...,
-    and DataLoader worker w of W takes that rank's batches w, w + W, ... (so the loader's round-robin
-    over workers restores the rank's order)."""
-
-    def __init__(self, rows: Iterable[torch.Tensor], batch_size: int, rank: int = 0, world_size: int = 1,
+    def __init__(self, rows: EpochPermutations | StreamedRows, batch_size: int, rank: int = 0, world_size: int = 1,
                  start_row: int = 0):
         self.rows, self.batch_size = rows, batch_size
         self.rank, self.world_size, self.start_row = rank, world_size, start_row
@@ -107,16 +148,4 @@ class RankBatches(IterableDataset):
     def __iter__(self) -> Iterator[torch.Tensor]:
         worker = get_worker_info()
         worker_id, n_workers = (worker.id, worker.num_workers) if worker else (0, 1)
-        rows_per_batch = self.batch_size * self.world_size  # global rows behind one batch of every rank
-        batch = []
-        for index, row in enumerate(self.rows):
-            offset = index - self.start_row
-            # Rank r takes whole global batches r, r + R, ...: a step then sums the same per-batch gradients
-            # whether they come from R ranks or from R accumulated micro-batches on one device.
-            if offset < 0 or (offset // self.batch_size) % self.world_size != self.rank \
-                    or (offset // rows_per_batch) % n_workers != worker_id:
-                continue
-            batch.append(row)
-            if len(batch) == self.batch_size:
-                yield torch.stack(batch).long()
-                batch = []
+        return self.rows.batches(self.batch_size, self.rank, self.world_size, worker_id, n_workers, self.start_row)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -19,6 +18,8 @@ import rustbpe
 import tiktoken
 import tiktoken.load
 import torch
+
+from xsa_exp.cluster import available_cpus
 
 # GPT-4's split pattern with numbers split into groups of at most two digits, as nanochat.
 SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
@@ -36,6 +37,7 @@ class Tokenizer:
         self.enc = tiktoken.Encoding(name="xsa-exp", pat_str=pattern, mergeable_ranks=mergeable_ranks,
                                      special_tokens=self.special_tokens)
         self.bos_id = self.special_tokens["<|bos|>"]
+        self.threads = available_cpus()  # encode_batch's; a data loader worker takes its share
 
     @property
     def vocab_size(self) -> int:
@@ -55,7 +57,7 @@ class Tokenizer:
         return self.enc.encode_ordinary(text)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.enc.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+        return self.enc.encode_ordinary_batch(texts, num_threads=self.threads)
 
     def decode(self, ids: list[int]) -> str:
         return self.enc.decode(ids)

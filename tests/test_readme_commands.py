@@ -1,0 +1,85 @@
+"""Every `python train.py` and `python evaluate.py` command in the README's code blocks composes and passes the
+preflight (every key, value and sweep job checked, data files included), with local stand-ins for what
+a user's machine has: a ClimbMix mirror (empty shard files under the real names), a folder of jsonl
+files, a finished base run for the SFT commands. So a documented command cannot drift from the configs."""
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import CONF_DIR, REPO
+from xsa_exp.config import compose_runs, preflight
+from xsa_exp.eval.bundle import BundleError
+
+BUNDLE = Path(os.environ.get("XSA_EXP_EVAL_BUNDLE") or REPO.parent / "shared" / "eval_bundle")
+
+COMMAND = re.compile(r"python (train|evaluate)\.py((?:[^;#`]|#(?=\S))*)")
+
+
+def readme_commands() -> list[tuple[str, str]]:
+    """(entry point, argument string) of each command, continuation lines joined, comments dropped."""
+    text = (REPO / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            commands += [(m.group(1), m.group(2).strip()) for m in COMMAND.finditer(line.split("  #")[0])]
+    return commands
+
+
+COMMANDS = readme_commands()
+
+
+@pytest.fixture(scope="module")
+def stand_ins(tmp_path_factory):
+    root = tmp_path_factory.mktemp("readme")
+    mirror = root / "climbmix"
+    mirror.mkdir()
+    for i in range(6543):  # ClimbMix's shard names; the preflight checks that each file is there
+        (mirror / f"shard_{i:05d}.parquet").touch()
+    jsonl = root / "jsonl"
+    jsonl.mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        (jsonl / name).write_text('{"content": "In the beginning"}\n')
+    return {"/data/climbmix": str(mirror), "~/.cache/nanochat/base_data": str(mirror),
+            "/data/*.jsonl": str(jsonl / "*.jsonl"), "<partition>": "gpu", "<date>": "2026-12-01", "<time>": "00-00-00",
+            "<run or .ckpt>": "runs/2026-12-01/run", "$d": "runs/d24_sft/0"}
+
+
+def arguments(args: str, stand_ins: dict) -> list[str]:
+    for placeholder, value in stand_ins.items():
+        args = args.replace(placeholder, value)
+    args = re.sub(r"<([^>]+)>", lambda m: m.group(1).replace(" ", "_"), args)  # <base run> -> base_run
+    return [a for a in shlex.split(args) if a != "..."]  # "..." stands for the user's other overrides
+
+
+def test_the_readme_has_the_commands_this_test_reads():
+    """The sections the test is for: GPU, corpora, checkpoints, the study, SLURM, SFT, evaluation."""
+    joined = [f"{entry}.py {args}" for entry, args in COMMANDS]
+    for expected in ("train.py depth=d12", "train.py depth=d24", "data=climbmix", "data=local", "resume=auto",
+                     "experiment=xsa_d24", "hydra/launcher=slurm", "stage=sft", "evaluate.py run="):
+        assert any(expected in command for command in joined), expected
+
+
+@pytest.mark.parametrize("entry,args", COMMANDS, ids=[f"{e}.py {a}"[:80] for e, a in COMMANDS])
+def test_readme_command_passes_the_preflight(entry, args, stand_ins, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative run and sweep directories land here
+    argv = arguments(args, stand_ins)
+    if entry == "train" and any(a.startswith("init_from=") for a in argv):
+        for cfg in compose_runs("train", [a for a in argv if a != "-m"], CONF_DIR, "-m" in argv):
+            base = tmp_path / cfg.init_from
+            (base / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (base / "checkpoints" / "final.ckpt").touch()
+            OmegaConf.save({"model": cfg.model, "xsa": cfg.xsa}, base / "config.yaml")
+    if BUNDLE.is_dir():  # the presets at d12/d24 run CORE during training (the README says to download it)
+        monkeypatch.setenv("XSA_EXP_EVAL_BUNDLE", str(BUNDLE))
+    try:
+        runs = preflight(entry, argv, CONF_DIR)
+    except BundleError:
+        if BUNDLE.is_dir():
+            raise
+        pytest.skip(f"this command runs CORE during training, which needs the eval bundle, not found at {BUNDLE}")
+    assert runs, "the command composed no run"
