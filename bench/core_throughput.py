@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from xsa_exp.eval.bundle import resolve_bundle_dir
+from xsa_exp.eval.bundle import bundle_problem, resolve_bundle_dir
 from xsa_exp.eval.core import evaluate_core
 from xsa_exp.model import GPT, GPTConfig
 import xsa_exp.schema  # noqa: F401  (registers the structured configs conf/ starts from)
@@ -42,7 +42,14 @@ def main() -> None:
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"depth={args.depth}"])
     model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa)).to(args.device)
-    bundle = resolve_bundle_dir(args.bundle or REPO.parent / "shared" / "eval_bundle")
+    # --bundle, else $XSA_EXP_EVAL_BUNDLE, else the cache, else this repository's ../shared/eval_bundle (the dev VM's)
+    bundle = resolve_bundle_dir(args.bundle)
+    if bundle_problem(bundle) and not args.bundle and not bundle_problem(REPO.parent / "shared" / "eval_bundle"):
+        bundle = REPO.parent / "shared" / "eval_bundle"
+    if bundle_problem(bundle):
+        print(f"CORE throughput skipped: the eval bundle is {bundle_problem(bundle)} "
+              "(python -m xsa_exp.eval.bundle download, or --bundle / $XSA_EXP_EVAL_BUNDLE)")
+        return
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if args.device == "cuda" else torch.autocast("cpu", enabled=False)
     start = time.perf_counter()
     with autocast:

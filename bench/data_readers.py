@@ -11,7 +11,7 @@ DataLoader worker, so R readers) reads one epoch of its share through `StreamedR
 the code a training run uses, with the tokenizer's threads set as a worker's (this process's CPUs).
 Reported: documents and tokens per reader (its work), wall seconds (median of --repeats epochs) and
 tokens/s per reader; one GPU consumes 0.4 x 989e12 / FLOPs-per-token tokens/s (40% MFU of an
-H100/H200's dense bf16 peak; FLOPs per token as bench/xsa_overhead.py counts them).
+H100/H200's dense bf16 peak; FLOPs per token from GPT.flops_per_token).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import json
 import platform
 import random
 import statistics
-import sys
 import tempfile
 import time
 from datetime import date
@@ -32,15 +31,12 @@ import pyarrow.parquet as pq
 import torch
 from hydra import compose, initialize_config_dir
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from xsa_overhead import H200_BF16_PEAK_FLOPS, flops_per_token  # noqa: E402
-
-from xsa_exp.cluster import available_cpus  # noqa: E402
-from xsa_exp.data.corpus import load_sample_corpus  # noqa: E402
-from xsa_exp.data.datamodule import TextDataModule  # noqa: E402
-from xsa_exp.data.sources import read_documents  # noqa: E402
-from xsa_exp.model import GPT, GPTConfig  # noqa: E402
-import xsa_exp.schema  # noqa: E402,F401  (registers the structured configs conf/ starts from)
+from xsa_exp.cluster import available_cpus, peak_flops
+from xsa_exp.data.corpus import load_sample_corpus
+from xsa_exp.data.datamodule import TextDataModule
+from xsa_exp.data.sources import read_documents
+from xsa_exp.model import GPT, GPTConfig
+import xsa_exp.schema  # noqa: F401  (registers the structured configs conf/ starts from)
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_GROUP = 1024  # documents per row group in ClimbMix's shards
@@ -67,7 +63,7 @@ def gpu_tokens_per_second(depth: str) -> float:
     cfg = compose_cfg([f"depth={depth}", "data=climbmix", "data.local_dir=/"])
     with torch.device("meta"):
         model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
-    return MFU * H200_BF16_PEAK_FLOPS / flops_per_token(model)
+    return MFU * peak_flops("NVIDIA H200") / model.flops_per_token()
 
 
 def one_reader(data: TextDataModule, ranks: int, repeats: int) -> dict:

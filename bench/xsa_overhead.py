@@ -33,6 +33,7 @@ import lightning as L
 import torch
 from hydra import compose, initialize_config_dir
 
+from xsa_exp.cluster import peak_flops
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.optim import MuonAdamW, WarmupConstantWarmdown, build_param_groups
 import xsa_exp.schema  # noqa: F401  (registers the structured configs conf/ starts from)
@@ -56,12 +57,6 @@ def build(overrides: list[str], device: str, compile_model: bool):
     optimizer = MuonAdamW(build_param_groups(model, cfg.optim))
     scheduler = WarmupConstantWarmdown(optimizer, 10**6, 0.0, 0.0, 0.0, 0.85, 0.95, 300)
     return cfg, model, optimizer, scheduler
-
-
-def flops_per_token(model: GPT) -> int:
-    c = model.config
-    multiplying = model.param_counts()["hidden matrices"] + model.lm_head.weight.numel()
-    return 6 * multiplying + 12 * c.n_layer * c.n_embd * c.sequence_len
 
 
 def train_step(model, optimizer, scheduler, batch, autocast) -> None:
@@ -118,7 +113,7 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
             times[name].append(timed(lambda: train_step(model, opt, sched, batch, autocast), device))
     tokens = batch_size * cfg.model.sequence_len
     base = times["alpha=0"]
-    fpt = flops_per_token(arms["alpha=0"][1])
+    fpt = arms["alpha=0"][1].flops_per_token()
     print(f"\n{label}: n_layer={cfg.model.n_layer} n_embd={cfg.model.n_embd} n_head={cfg.model.n_head} "
           f"seq={cfg.model.sequence_len} batch={batch_size} vocab={cfg.model.vocab_size} device={device} "
           f"compile={compile_model} {'bf16 autocast' if bf16 else 'fp32'} repeats={repeats} (after {warmup} warm-up steps per arm)")
@@ -130,7 +125,8 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
         median = statistics.median(times[name])
         line = f"{name:<11}{median * 1e3:>15.1f}{tokens / median:>11,.0f}{statistics.median(ratios):>14.4f} [{lo:.4f}, {hi:.4f}]"
         if device == "cuda":
-            line += f"{peak[name]:>10.2f}{tokens / median * fpt / H200_BF16_PEAK_FLOPS:>7.1%}"
+            device_peak = peak_flops(torch.cuda.get_device_name()) or H200_BF16_PEAK_FLOPS  # the table's, else an H200's
+            line += f"{peak[name]:>10.2f}{tokens / median * fpt / device_peak:>7.1%}"
         print(line)
     if device == "cpu":
         print(f"process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB (all arms)")

@@ -389,3 +389,38 @@ def test_real_bundle_end_to_end_tiny_model(real_bundle):
     assert all(t.accuracy in (0.0, 0.5, 1.0) and t.n_examples == 2 for t in result.tasks.values())
     assert math.isfinite(result.core)
     assert all(all(math.isfinite(x) for x in r["losses"]) for r in result.examples)
+
+
+def _tiny_core(bundle_dir, rank: int = 0, world_size: int = 1) -> CoreResult:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(257, 16), torch.nn.Linear(16, 257))
+    return core.evaluate_core(model, ByteTokenizer(), bundle_dir, max_seq_len=256, max_per_task=5,
+                              tasks=["arc_easy", "copa", "lambada_openai", "winograd"], rank=rank, world_size=world_size)
+
+
+def _core_worker(rank: int, world: int, port: int, bundle_dir: str, out: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    result = _tiny_core(bundle_dir, rank, world)
+    torch.save({"core": result.core, "examples": result.examples}, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_share_the_examples_and_give_the_one_process_score_exactly(real_bundle, tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "core")
+    mp.spawn(_core_worker, args=(2, port, str(real_bundle), out), nprocs=2)
+    alone = _tiny_core(real_bundle)
+    assert len(alone.examples) == 20
+    for rank in (0, 1):  # every rank has the whole result, each example scored by one of them
+        shared = torch.load(f"{out}.{rank}")
+        assert shared["core"] == alone.core and shared["examples"] == alone.examples

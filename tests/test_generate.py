@@ -78,3 +78,29 @@ def test_batched_prompts_of_different_lengths_continue_as_each_would_alone(arm):
 def test_full_recomputation_refuses_padded_prompts():
     with pytest.raises(ValueError, match="use_cache=False needs prompts of one length"):
         generate_batch(trained_like_model(**ARMS["alpha=1"]), [[1, 2], [3]], 5, use_cache=False)
+
+
+def test_the_cache_is_in_the_compute_dtype():
+    model = trained_like_model(**ARMS["alpha=1"]).eval()
+    idx = torch.randint(0, 300, (2, 8))
+    cache = KVCache(model.config, 2, 8, "cpu")
+    model(idx, kv_cache=cache)
+    assert cache.k.dtype == cache.v.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cache = KVCache(model.config, 2, 8, "cpu")
+        model(idx, kv_cache=cache)
+    assert cache.k.dtype == cache.v.dtype == torch.bfloat16  # half the memory, no cast of the prefix per step
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_cached_logits_under_bf16_autocast_are_full_recomputation_to_bf16_rounding(arm):
+    """Tolerance: both paths round to bf16 (8 significant bits) at every matmul, in a different order, so the
+    logits (|logit| up to about 7 here) agree to 0.1 and the greedy choice at 95% of the positions or more."""
+    model = trained_like_model(**ARMS[arm]).eval()
+    idx = torch.randint(0, 300, (2, 40))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full = model(idx)
+        cache = KVCache(model.config, 2, 40, "cpu")
+        cached = torch.cat([model(idx[:, a:b], kv_cache=cache) for a, b in [(0, 17), (17, 18), (18, 25), (25, 40)]], 1)
+    assert (cached - full).abs().max() <= 0.1
+    assert (cached.argmax(-1) == full.argmax(-1)).float().mean() >= 0.95

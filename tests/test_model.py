@@ -57,3 +57,13 @@ def test_loss_ignores_minus_one_targets_and_per_token_reduction():
     assert per_token.shape == (32,)
     targets[0, :8] = -1
     torch.testing.assert_close(model(idx[:, :-1], targets), per_token.view(2, 16)[targets >= 0].mean())
+
+
+def test_flops_per_token_against_a_hand_count():
+    # Without value embeddings: per layer q, k, v, o (4 d^2) and the MLP's two 4d x d matrices (8 d^2).
+    d, layers, vocab, seq = 32, 4, 300, 16
+    assert make(value_embeds=False).flops_per_token() == 6 * (12 * layers * d * d + vocab * d) + 12 * layers * d * seq
+    # The d12 shape with value embeddings: their gates (12 channels -> 12 heads) on layers 1, 3, ..., 11 multiply too.
+    d12 = GPT(GPTConfig(sequence_len=2048, vocab_size=32768, n_layer=12, n_head=12, n_embd=768, xsa=XSASettings()))
+    hand = 6 * (12 * 12 * 768**2 + 6 * 12 * 12 + 32768 * 768) + 12 * 12 * 768 * 2048
+    assert d12.flops_per_token() == hand == 6 * (84_934_656 + 864 + 25_165_824) + 226_492_416

@@ -5,12 +5,14 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 from tests.conftest import REPO
 from xsa_exp.config import ConfigError
+from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.training import train
 
 pytestmark = pytest.mark.slow
@@ -233,3 +235,26 @@ def test_validation_covers_the_whole_split_unless_told_otherwise(small_cfg, tmp_
     part = train(small_cfg("train.max_steps=2", "eval.every=2"), tmp_path / "part")  # SMALL: eval.val_tokens=1024
     assert json.loads((part / "run.json").read_text())["val_scope"] == {
         "tokens": 1024, "split_tokens": scope["split_tokens"], "whole": False}
+
+
+def test_logged_tokens_per_sec_is_wall_time_between_step_lines_and_the_log_has_mfu_and_memory(tmp_path, monkeypatch):
+    """train/tokens_per_sec runs from one update's end to the next (data wait included, evaluations between
+    updates left out): over steps with nothing else between them, the logged rates give the wall time of the
+    console lines to 10%."""
+    from tests.conftest import SMALL, compose_config
+    from xsa_exp import callbacks
+
+    lines = []
+    monkeypatch.setattr(callbacks, "rank_zero_info", lambda message: lines.append((time.perf_counter(), message)))
+    cfg = compose_config(*SMALL, "train.max_steps=40", "eval.every=40", "eval.diag_every=0", "log.print_every=10",
+                         "train.peak_flops=1e12")
+    rows = [r for r in read_rows(train(cfg, tmp_path / "run")) if r["train/loss"]]
+    printed = {int(m.split("/")[0].split()[-1]): t for t, m in lines if " tok/s" in m}
+    assert sorted(printed) == [10, 20, 30, 40]
+    logged = sum(512 / float(r["train/tokens_per_sec"]) for r in rows if 10 < int(r["step"]) <= 30)
+    assert logged == pytest.approx(printed[30] - printed[10], rel=0.1)
+    model_flops = GPT(GPTConfig.from_config(cfg.model, cfg.xsa)).flops_per_token()
+    for r in rows:  # MFU = tokens/s x FLOPs per token / the configured peak; memory: this process's peak RSS on CPU
+        assert float(r["train/mfu"]) == pytest.approx(float(r["train/tokens_per_sec"]) * model_flops / 1e12, rel=1e-9)
+        assert float(r["train/peak_memory_gb"]) > 0.05
+    assert any("| mfu " in m and "| mem " in m for _, m in lines)

@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
 from xsa_exp import run_dir as rd
+from xsa_exp.cluster import peak_memory_gb, synchronized_time
 from xsa_exp.data.datamodule import describe_val_scope
 from xsa_exp.eval.bpb import evaluate_bpb
 from xsa_exp.eval.core import evaluate_core
@@ -51,15 +52,36 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-class TrainMetrics(L.Callback):
-    """One CSV/wandb row per optimizer update: loss, smoothed loss, lrs, Muon momentum, grad norm, tokens/sec;
-    the console line adds the time left (wall time so far per update, evaluations included, x updates left)."""
+class UpdateClock(L.Callback):
+    """When the previous update's hooks (evaluations, checkpoints) ended, on a synchronized clock; it goes after
+    every other callback. An update's wall time runs from there to the end of its optimizer step: the data wait,
+    forward, backward and the optimizer's queued kernels, and nothing that runs between updates."""
 
-    def __init__(self, tokens_per_step: int, ema_beta: float, print_every: int):
-        self.tokens_per_step, self.print_every = tokens_per_step, print_every
+    def __init__(self):
+        self.boundary, self.last_step = 0.0, 0
+
+    def elapsed(self, device) -> float:
+        return synchronized_time(device) - self.boundary
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.last_step, self.boundary = trainer.global_step, synchronized_time(pl_module.device)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step != self.last_step:  # an update ended
+            self.last_step, self.boundary = trainer.global_step, synchronized_time(pl_module.device)
+
+
+class TrainMetrics(L.Callback):
+    """One CSV/wandb row per optimizer update: loss, smoothed loss, lrs, Muon momentum, grad norm, tokens/sec (by
+    the UpdateClock), MFU (where the device's peak FLOP/s is known) and peak memory; the console line adds the
+    time left (wall time so far per update, evaluations included, x updates left)."""
+
+    def __init__(self, tokens_per_step: int, ema_beta: float, print_every: int, clock: UpdateClock,
+                 flops_per_token: int, peak_flops: float | None):
+        self.tokens_per_step, self.print_every, self.clock = tokens_per_step, print_every, clock
+        self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.ema = BiasCorrectedEMA(ema_beta)
         self.last_step = 0
-        self.update_started = None
         self.first_step, self.started = 0, 0.0
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -84,28 +106,27 @@ class TrainMetrics(L.Callback):
     def load_state_dict(self, state: dict) -> None:
         self.ema.value, self.ema.count = state["ema_value"], state["ema_count"]
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        # Timed from the first micro-batch of an update, so validation between updates is not counted.
-        if self.update_started is None:
-            self.update_started = time.perf_counter()
-
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         if step == self.last_step:  # still accumulating gradients for this update
             return
-        elapsed = time.perf_counter() - self.update_started
+        tokens_per_sec = self.tokens_per_step / self.clock.elapsed(pl_module.device)
         stats = pl_module.pop_update_stats()
         loss = stats.pop("loss")
         # A skipped non-finite step would poison the average for good; it keeps its last value instead.
         row = {"train/loss": loss, "train/loss_smooth": self.ema.update(loss) if math.isfinite(loss) else self.ema.current(),
-               "train/tokens_per_sec": self.tokens_per_step / elapsed}
+               "train/tokens_per_sec": tokens_per_sec, "train/peak_memory_gb": peak_memory_gb(pl_module.device)}
+        if self.peak_flops:  # per device: the global token rate is shared by world_size devices
+            row["train/mfu"] = tokens_per_sec * self.flops_per_token / (self.peak_flops * trainer.world_size)
         row.update({f"train/{k}": v for k, v in stats.items()})
         log_row(trainer, row, step, self.tokens_per_step)
         if step % self.print_every == 0 or step == trainer.max_steps:
+            mfu = f" | mfu {row['train/mfu']:.1%}" if "train/mfu" in row else ""
             rank_zero_info(f"step {step:>6}/{trainer.max_steps} | loss {row['train/loss']:.4f} "
                            f"(smooth {row['train/loss_smooth']:.4f}) | grad norm {row['train/grad_norm']:.3f} "
-                           f"| {row['train/tokens_per_sec']:,.0f} tok/s | eta {self.eta(step, trainer.max_steps)}")
-        self.last_step, self.update_started = step, None
+                           f"| {row['train/tokens_per_sec']:,.0f} tok/s{mfu} | mem {row['train/peak_memory_gb']:.1f} GB "
+                           f"| eta {self.eta(step, trainer.max_steps)}")
+        self.last_step = step
 
 
 class ScheduledEvaluation(L.Callback):
@@ -173,9 +194,9 @@ class CoreEvaluation(ScheduledEvaluation):
 
     def measure(self, trainer, pl_module) -> dict[str, float]:
         model = pl_module.model
-        with trainer.precision_plugin.forward_context():
+        with trainer.precision_plugin.forward_context():  # the ranks share the examples; each gets the whole result
             result = evaluate_core(model, trainer.datamodule.tokenizer, self.bundle_dir, model.config.sequence_len,
-                                   self.max_per_task)
+                                   self.max_per_task, rank=trainer.global_rank, world_size=trainer.world_size)
         # The key says how many of the 22 tasks it covers, so a partial CORE is never read as the full one.
         key = "core/CORE" if result.n_tasks == result.n_total else f"core/CORE_{result.n_tasks}of{result.n_total}"
         return {key: result.core, **{f"core/{label}": t.centered for label, t in result.tasks.items()}}

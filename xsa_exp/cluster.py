@@ -11,11 +11,22 @@
   which Lightning reads.
 - The CPUs a process may use are its affinity (what SLURM's cpus_per_task or taskset gave it), not
   every core of the node.
+- What a device can do and has used, for MFU and memory in the training log: its dense bf16 peak by
+  name, its peak memory.
 """
 
 from __future__ import annotations
 
 import os
+import resource
+import time
+
+import torch
+
+# Dense bf16 tensor-core peak FLOP/s of one GPU (the vendors' data sheets, without sparsity). The first name found
+# in torch.cuda.get_device_name() counts, so the variants of a name come before it.
+PEAK_BF16_FLOPS = (("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12),
+                   ("B200", 2250e12), ("A100", 312e12))
 
 
 def cluster_plugins() -> list:
@@ -40,3 +51,29 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The dense bf16 peak of a GPU named like torch.cuda.get_device_name() says, if the table knows it."""
+    return next((flops for name, flops in PEAK_BF16_FLOPS if name in device_name), None)
+
+
+def device_peak_flops(device: torch.device, configured: float | None) -> float | None:
+    """train.peak_flops if set, else the table's figure for a CUDA device; None (no MFU) otherwise."""
+    if configured is not None:
+        return float(configured)
+    return peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """CUDA: the most memory tensors have held on the device; CPU: the process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
+
+
+def synchronized_time(device: torch.device) -> float:
+    """perf_counter once the device has finished the work queued so far (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

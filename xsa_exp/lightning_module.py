@@ -14,9 +14,12 @@ from xsa_exp.run_dir import checkpoint_meta
 
 class LanguageModel(L.LightningModule):
     def __init__(self, model: GPT, optim_cfg, total_steps: int, run_config: dict | None = None,
-                 max_skipped_steps: int = 0):
+                 max_skipped_steps: int = 0, compile_forward: bool = False):
         super().__init__()
         self.model = model
+        # Only the training forward is compiled (one shape, one graph); evaluations call the eager model, whose
+        # shapes change from batch to batch (CORE's examples, the last validation batch) and would recompile.
+        self.train_forward = torch.compile(model.forward) if compile_forward else model.forward
         self.optim_cfg = optim_cfg
         self.total_steps = total_steps
         self.run_config = run_config
@@ -37,7 +40,7 @@ class LanguageModel(L.LightningModule):
         self._update = {}
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        loss = self.model(*inputs_and_targets(batch))
+        loss = self.train_forward(*inputs_and_targets(batch))
         self._loss_sum = self._loss_sum.to(loss.device) + loss.detach()
         self._micro_batches += 1
         return loss

@@ -108,12 +108,13 @@ def arm_info(*, stage: str, depth: str, alpha: float, learnable: bool, layers, v
 
 
 def run_info(*, run_dir: Path | str, max_steps: int, tokens_per_step: int, grad_accumulation: int, precision: str,
-             precision_reason: str, xsa_layers: list[int], param_counts: dict[str, int], arm: dict,
-             init_from: dict | None = None) -> dict:
+             precision_reason: str, float32_matmul_precision: str, xsa_layers: list[int], param_counts: dict[str, int],
+             flops_per_token: int, arm: dict, init_from: dict | None = None) -> dict:
     """run.json's content at the start of a run (val_scope is added at the end, see update_run_info)."""
     info = {"run_dir": str(run_dir), "max_steps": max_steps, "tokens_per_step": tokens_per_step,
             "grad_accumulation": grad_accumulation, "precision": precision, "precision_reason": precision_reason,
-            "xsa_layers": xsa_layers, "param_counts": param_counts, **arm}
+            "float32_matmul_precision": float32_matmul_precision, "xsa_layers": xsa_layers,
+            "param_counts": param_counts, "flops_per_token": flops_per_token, **arm}
     if init_from is not None:
         info["init_from"] = init_from
     return info

@@ -96,7 +96,8 @@ class MuonConfig:
     ns_steps: int = key(5, "Newton-Schulz iterations", ge=1)
     ns_coefficients: str = key("quintic", "Newton-Schulz polynomial", choices=("quintic", "polar_express"))
     ns_dtype: str = key("bfloat16", "Newton-Schulz dtype", choices=("bfloat16", "float32"))
-    sharded: bool = key(False, "under DDP, each rank orthogonalizes its share of the matrices, then broadcasts")
+    sharded: bool = key(True, "under DDP, each rank orthogonalizes its share of the matrices, then broadcasts "
+                              "(the same update; no effect on one device)")
     weight_decay: float = key(0.0, "Muon weight decay", ge=0)
 
 
@@ -221,6 +222,8 @@ class TrainLoopConfig:
     compile: bool = key(False, "torch.compile the model")
     cpu_threads: Optional[int] = key(None, "torch threads on CPU; null = torch's default (one per core); fp32 sums, and so "
                                      "results, depend on it", ge=1)
+    peak_flops: Optional[float] = key(None, "one device's peak FLOP/s, for train/mfu; null = by CUDA device name "
+                                      "(H100, H200, A100, B200 bf16 dense), no MFU on CPU", gt=0)
     checkpoint_every: int = key(0, "resumable checkpoint every N steps; 0 = final only", ge=0)
     keep_checkpoints: int = key(2, "newest periodic checkpoints kept", ge=1)
 

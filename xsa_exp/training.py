@@ -16,9 +16,9 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp import run_dir as rd
-from xsa_exp.cluster import cluster_plugins, export_submitit_local_ranks
+from xsa_exp.cluster import cluster_plugins, device_peak_flops, export_submitit_local_ranks
 from xsa_exp.callbacks import (AttentionDiagnostics, CoreEvaluation, PeriodicCheckpoint, PreemptionCheckpoint,
-                               TrainMetrics, ValidationBPB)
+                               TrainMetrics, UpdateClock, ValidationBPB)
 from xsa_exp.console import quiet_libraries, quiet_wandb_logger
 from xsa_exp.config import ConfigError, grad_accumulation, validate
 from xsa_exp.data.datamodule import TextDataModule
@@ -56,11 +56,15 @@ def cpu_has_native_bf16() -> bool:
 CPU_BF16_MIN_WIDTH = 768
 
 
+def accelerator_is_cuda(trainer_cfg: DictConfig) -> bool:
+    return torch.cuda.is_available() and trainer_cfg.accelerator in ("auto", "gpu", "cuda")
+
+
 def resolve_precision(trainer_cfg: DictConfig, n_embd: int) -> tuple[str, str]:
     """The Lightning precision for trainer.precision, and why it was chosen."""
     if trainer_cfg.precision != "auto":
         return str(trainer_cfg.precision), "trainer.precision"
-    if torch.cuda.is_available() and trainer_cfg.accelerator in ("auto", "gpu", "cuda"):
+    if accelerator_is_cuda(trainer_cfg):
         return "bf16-mixed", "auto: CUDA"
     if not cpu_has_native_bf16():
         return "32-true", "auto: CPU without native bf16 matmul"
@@ -140,9 +144,13 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     max_steps = resolve_max_steps(cfg.train, model, datamodule)
     summary = run_summary(cfg)
     precision, precision_reason = resolve_precision(cfg.trainer, cfg.model.n_embd)
+    if accelerator_is_cuda(cfg.trainer):
+        torch.set_float32_matmul_precision("high")  # TF32 for the matmuls autocast leaves in fp32 (as nanochat)
     run = rd.run_info(run_dir=run_dir, max_steps=max_steps, tokens_per_step=cfg.train.total_batch_tokens,
                       grad_accumulation=grad_accumulation(cfg), precision=precision, precision_reason=precision_reason,
-                      xsa_layers=model.config.xsa.layers, param_counts=model.param_counts(), arm=summary,
+                      float32_matmul_precision=torch.get_float32_matmul_precision(),
+                      xsa_layers=model.config.xsa.layers, param_counts=model.param_counts(),
+                      flops_per_token=model.flops_per_token(), arm=summary,
                       init_from=base and {"run": str(base.run_dir), "checkpoint": str(base.checkpoint), "step": base.step})
     print_start(model, cfg, run)
     if resume_from is None:
@@ -152,11 +160,9 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
         rank_zero_info(f"resuming from {resume_from}")
 
     module = LanguageModel(model, cfg.optim, max_steps, OmegaConf.to_container(cfg, resolve=True),
-                           cfg.train.skip_nonfinite_steps)
-    if cfg.train.compile:
-        model.compile()
+                           cfg.train.skip_nonfinite_steps, compile_forward=cfg.train.compile)
     loggers = build_loggers(cfg, run_dir, summary)
-    callbacks = build_callbacks(cfg, run_dir)
+    callbacks = build_callbacks(cfg, run_dir, model)
     # conf/trainer/ is passed to the Trainer as it is (precision "auto" resolved above); the rest is the run's.
     trainer = L.Trainer(
         **{**OmegaConf.to_container(cfg.trainer, resolve=True), "precision": run["precision"]},
@@ -208,19 +214,22 @@ def load_base_run(cfg: DictConfig, model: GPT) -> LoadedRun | None:
     return base
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
+def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT) -> list[L.Callback]:
     """Train metrics first, so each step's train row precedes its evaluation rows; the periodic
-    checkpoint last, so it is taken after every row of its step is logged."""
+    checkpoint after them, so it is taken after every row of its step is logged; the update clock
+    last, so the next update's time starts after all of them."""
     tokens = cfg.train.total_batch_tokens
     e = cfg.eval
     bundle = require_bundle(e.bundle_dir, f"eval.core_every={e.core_every}", "use eval.core_every=0") if e.core_every > 0 else None
-    callbacks = [TrainMetrics(tokens, cfg.log.ema_beta, cfg.log.print_every),
+    clock = UpdateClock()
+    peak = device_peak_flops(torch.device("cuda" if accelerator_is_cuda(cfg.trainer) else "cpu"), cfg.train.peak_flops)
+    callbacks = [TrainMetrics(tokens, cfg.log.ema_beta, cfg.log.print_every, clock, model.flops_per_token(), peak),
                  ValidationBPB(e.every, e.val_tokens, tokens),
                  AttentionDiagnostics(e.diag_every, tokens, e.diag_rows, run_dir),
                  CoreEvaluation(e.core_every, tokens, bundle, e.core_max_per_task)]
     if cfg.train.checkpoint_every > 0:
         callbacks.append(PeriodicCheckpoint(run_dir, cfg.train.checkpoint_every, cfg.train.keep_checkpoints))
-    callbacks.append(PreemptionCheckpoint(run_dir))
+    callbacks += [PreemptionCheckpoint(run_dir), clock]
     return callbacks
 
 

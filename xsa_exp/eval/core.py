@@ -295,11 +295,15 @@ class CoreResult:
 
 
 def evaluate_task(model: torch.nn.Module, tokenizer: TokenEncoder, spec: TaskSpec, data: Sequence[tuple[int, dict]],
-                  max_seq_len: int, device: torch.device) -> tuple[TaskResult, list[dict]]:
-    """Score one task's (shuffled, capped) examples."""
+                  max_seq_len: int, device: torch.device, rank: int = 0, world_size: int = 1) -> tuple[TaskResult, list[dict]]:
+    """Score one task's (shuffled, capped) examples. Under torch.distributed (world_size > 1) rank r scores
+    examples r, r + R, ... and every rank gets all the records back in order, so each example is scored
+    once and the result is the one process's exactly (an example's score depends on it alone)."""
     items = [item for _, item in data]
     records = []
     for idx, (original_index, item) in enumerate(data):
+        if idx % world_size != rank:
+            continue
         fewshot = [items[i] for i in sample_fewshot(len(items), idx, spec.num_fewshot)]
         prompts = render_prompts(spec.task_type, item, spec.continuation_delimiter, fewshot)
         losses, greedy_ok = score_example(model, tokenizer, spec.task_type, prompts, max_seq_len, device)
@@ -309,6 +313,10 @@ def evaluate_task(model: torch.nn.Module, tokenizer: TokenEncoder, spec: TaskSpe
             gold, pred = item["gold"], losses.index(min(losses))  # first minimum, as nanochat
         records.append({"task": spec.label, "index": idx, "original_index": original_index,
                         "correct": pred == gold, "pred": pred, "gold": gold, "losses": losses})
+    if world_size > 1:
+        shares = [None] * world_size
+        torch.distributed.all_gather_object(shares, records)
+        records = sorted((r for share in shares for r in share), key=lambda r: r["index"])
     accuracy = sum(r["correct"] for r in records) / len(records)
     result = TaskResult(spec.label, spec.task_type, spec.num_fewshot, len(records), accuracy,
                         centered_accuracy(accuracy, spec.random_baseline), spec.random_baseline)
@@ -317,11 +325,13 @@ def evaluate_task(model: torch.nn.Module, tokenizer: TokenEncoder, spec: TaskSpe
 
 def evaluate_core(model: torch.nn.Module, tokenizer: TokenEncoder, bundle_dir: str | os.PathLike, max_seq_len: int,
                   max_per_task: int | None = None, tasks: Sequence[str] | None = None,
-                  progress: Callable[[TaskResult, int, int], None] | None = None) -> CoreResult:
+                  progress: Callable[[TaskResult, int, int], None] | None = None, rank: int = 0,
+                  world_size: int = 1) -> CoreResult:
     """Evaluate CORE over the bundle's tasks whose data is present.
 
     ``tasks`` restricts to these labels; ``max_per_task`` caps examples per task after the shuffle
-    (None: all); ``progress(task_result, n_done, n_to_do)`` is called after each task.
+    (None: all); ``progress(task_result, n_done, n_to_do)`` is called after each task. With
+    world_size > 1 (every rank of an initialized process group calling it) the ranks share the examples.
     """
     if max_per_task is not None and max_per_task < 1:
         raise ValueError(f"max_per_task must be a positive int or None (all), got {max_per_task}")
@@ -342,7 +352,7 @@ def evaluate_core(model: torch.nn.Module, tokenizer: TokenEncoder, bundle_dir: s
     with evaluating(model):
         for n_done, spec in enumerate(present, start=1):
             data = load_task_data(task_path(bundle_dir, spec), spec.task_type)[:max_per_task]
-            result, records = evaluate_task(model, tokenizer, spec, data, max_seq_len, device)
+            result, records = evaluate_task(model, tokenizer, spec, data, max_seq_len, device, rank, world_size)
             results.append(result)
             examples.extend(records)
             if progress is not None:

@@ -96,7 +96,7 @@ def attention_diagnostics(model, idx: torch.Tensor, autocast=nullcontext) -> dic
     # fork_rng restores the CPU (and this CUDA device's) RNG, so the pass cannot shift training's randomness.
     with evaluating(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
             probes_installed(model) as probes, autocast():
-        model.forward(idx.to(device))  # .forward runs eagerly even after model.compile(), whose graph has no probes
+        model(idx.to(device))
     means = [probe.means() for probe in probes]
     return {name: torch.stack([m[name] for m in means]) for name in METRICS}
 

@@ -89,24 +89,35 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class KVCache:
     """Keys and values of every layer for the positions generated so far (B, H, max_len, D each).
 
+    Stored in the dtype attention computes in (bf16 under bf16 autocast, else the weights'), decided when
+    the first keys arrive: under autocast half the memory of fp32, and no cast of the whole prefix at each
+    decoding step.
+
     Rows of different prompt lengths are left-padded: `first[b]` is row b's first real position, and
     no real token attends to the padding before it. RoPE scores depend only on the distance between
     positions, so a padded row computes what it would alone (up to float rounding)."""
 
-    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype=torch.float32,
-                 first: torch.Tensor | None = None):
-        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, first: torch.Tensor | None = None):
+        self.shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
+        self.device = device
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
         self.pos = 0
         self.first = None if first is None or not first.any() else first.to(device)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Store the new k, v at pos..pos+T and attend the new queries over everything cached so far."""
+        if self.k is None:
+            # Attention runs in autocast's dtype where autocast is on (SDPA casts q, k, v to it), else in k's.
+            kind = k.device.type
+            dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else k.dtype
+            self.k = torch.zeros(self.shape, device=self.device, dtype=dtype)
+            self.v = torch.zeros(self.shape, device=self.device, dtype=dtype)
         T = q.size(2)
         end = self.pos + T
         self.k[layer, :, :, self.pos:end] = k
         self.v[layer, :, :, self.pos:end] = v
+        # A no-op where q has the cache's dtype (always, under autocast or not); a guard where it has not.
         keys, values = self.k[layer, :, :, :end].to(q.dtype), self.v[layer, :, :, :end].to(q.dtype)
         if T == 1 and self.first is None:  # one new token sees every cached position
             return F.scaled_dot_product_attention(q, keys, values)
@@ -307,6 +318,14 @@ class GPT(nn.Module):
                 raise RuntimeError(f"parameter {name} has no optimizer role; add it to GPT.named_param_groups")
             groups[role].append((name, p))
         return {role: params for role, params in groups.items() if params}
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token, as nanochat and the PaLM appendix count them: 6 x the parameters that multiply
+        (hidden matrices + lm_head; forward 2, backward 4) + 12 x layers x width x sequence (attention scores and
+        values, forward and backward, without the causal halving). Embedding lookups and scalars are free."""
+        c = self.config
+        multiplying = self.param_counts()["hidden matrices"] + self.lm_head.weight.numel()
+        return 6 * multiplying + 12 * c.n_layer * c.n_embd * c.sequence_len
 
     def param_counts(self) -> dict[str, int]:
         counts = {role: sum(p.numel() for _, p in params) for role, params in self.named_param_groups().items()}

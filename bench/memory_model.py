@@ -1,0 +1,135 @@
+"""Peak memory of a training step per micro-batch token, measured on this CPU, and the presets' predicted
+peaks on 80 GB and 141 GB GPUs.
+
+    python bench/memory_model.py [--out memory.json]
+
+Each measurement is one process: a GPT at the real width and heads of d12 (768, 12 heads) or d24 (1024,
+16 heads), sequence 2048, vocabulary 32,768, with 2 or 4 layers, MuonAdamW, bf16 autocast (the GPU's
+precision), eager or torch.compile. After two warm-up steps (weights, grads and optimizer state exist;
+compilation done), the process's peak resident set is reset (/proc/self/clear_refs) and one step of one
+sequence (2,048 tokens) runs: the rise of the peak over the resident set before it is that step's
+transient memory (saved activations, logits, temporaries). Two layer counts separate a per-layer part
+from a fixed one (embeddings, logits, loss), both per token.
+
+Predicted peak of a preset on a GPU = 4 bytes x (weights + grads) + Muon's momentum (4 bytes per
+hidden-matrix weight) + AdamW's two moments (8 bytes per other weight) + tokens per micro-batch x
+(fixed + layers x per-layer). A prediction: the CPU's SDPA (flash attention for bf16) and allocator
+stand in for CUDA's; the caching allocator's fragmentation is not modelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WIDTHS = {"d12": (768, 12), "d24": (1024, 16)}
+SEQ, VOCAB = 2048, 32768
+
+
+def measure(width: int, heads: int, layers: int, compiled: bool) -> int:
+    """Transient bytes of one training step of one sequence, in a fresh process."""
+    result = subprocess.run([sys.executable, __file__, "--child", str(width), str(heads), str(layers), str(int(compiled))],
+                            cwd=REPO, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-2000:])
+    return int(result.stdout.strip().splitlines()[-1])
+
+
+def rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def child(width: int, heads: int, layers: int, compiled: bool) -> None:
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    import xsa_exp.schema  # noqa: F401  (registers the structured configs conf/ starts from)
+    from xsa_exp.model import GPT, GPTConfig
+    from xsa_exp.optim import MuonAdamW, build_param_groups
+
+    overrides = [f"model.n_embd={width}", f"model.n_head={heads}", f"model.n_layer={layers}",
+                 f"model.sequence_len={SEQ}", f"model.vocab_size={VOCAB}", "data=climbmix", "data.local_dir=/"]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
+    optimizer = MuonAdamW(build_param_groups(model, cfg.optim))
+    forward = torch.compile(model.forward) if compiled else model.forward
+    batch = torch.randint(0, VOCAB, (1, SEQ + 1))
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=False)  # grads stay allocated, as after the first step of a run
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = forward(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        optimizer.step()
+
+    step(), step()
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set (VmHWM) to the current one
+    before = rss_kib("VmRSS")
+    step()
+    print((rss_kib("VmHWM") - before) * 1024)
+
+
+def state_bytes(counts: dict[str, int]) -> int:
+    """Weights and grads (fp32) + Muon momentum on hidden matrices + AdamW's two moments on the rest."""
+    total, matrices = counts["total"], counts["hidden matrices"]
+    return 4 * 2 * total + 4 * matrices + 8 * (total - matrices)
+
+
+def preset_counts(depth: str) -> tuple[dict, dict]:
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    import xsa_exp.schema  # noqa: F401
+    from xsa_exp.model import GPT, GPTConfig
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"depth={depth}", "data=climbmix", "data.local_dir=/"])
+    with torch.device("meta"):
+        model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
+    return model.param_counts(), {"layers": cfg.model.n_layer, "device_batch_size": cfg.train.device_batch_size}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--child", nargs=4, type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(*args.child[:3], bool(args.child[3]))
+        return
+    figures = {"date": str(date.today()), "seq": SEQ, "vocab": VOCAB, "presets": {}}
+    print(f"{'preset':<6} {'mode':<9} {'fixed B/token':>13} {'per layer B/token':>17} {'state GB':>9} "
+          f"{'micro-batch':>11} {'predicted peak GB':>17} {'fits 80 GB':>10} {'fits 141 GB':>11} {'largest batch on 80 GB':>22}")
+    for depth, (width, heads) in WIDTHS.items():
+        counts, preset = preset_counts(depth)
+        state = state_bytes(counts)
+        for compiled in (False, True):
+            two, four = (measure(width, heads, layers, compiled) for layers in (2, 4))
+            per_layer = (four - two) / 2 / SEQ
+            fixed = two / SEQ - 2 * per_layer
+            per_token = fixed + preset["layers"] * per_layer
+            batch = preset["device_batch_size"]
+            peak = (state + batch * SEQ * per_token) / 1e9
+            largest = max(0, int((80e9 - state) / (SEQ * per_token)))
+            mode = "compiled" if compiled else "eager"
+            figures["presets"][f"{depth} {mode}"] = {"fixed_bytes_per_token": fixed, "per_layer_bytes_per_token": per_layer,
+                                                     "state_gb": state / 1e9, "device_batch_size": batch,
+                                                     "predicted_peak_gb": peak, "largest_batch_80gb": largest}
+            print(f"{depth:<6} {mode:<9} {fixed:>13,.0f} {per_layer:>17,.0f} {state / 1e9:>9.2f} {batch:>11} "
+                  f"{peak:>17.1f} {'yes' if peak <= 80 else 'no':>10} {'yes' if peak <= 141 else 'no':>11} {largest:>22}")
+    if args.out:
+        args.out.write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
