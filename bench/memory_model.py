@@ -8,7 +8,8 @@ Each measurement is one process: a GPT at the real width and heads of d12 (768, 
 precision), eager or torch.compile. After two warm-up steps (weights, grads and optimizer state exist;
 compilation done), the process's peak resident set is reset (/proc/self/clear_refs) and one step of one
 sequence (2,048 tokens) runs: the rise of the peak over the resident set before it is that step's
-transient memory (saved activations, logits, temporaries). Two layer counts separate a per-layer part
+transient memory (saved activations, logits, temporaries), with glibc returning every freed block of
+64 KiB or more to the system, so that the resident set is the live tensors' (as CUDA's max allocated). Two layer counts separate a per-layer part
 from a fixed one (embeddings, logits, loss), both per token.
 
 Predicted peak of a preset on a GPU = 4 bytes x (weights + grads) + Muon's momentum (4 bytes per
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from datetime import date
@@ -33,8 +35,11 @@ SEQ, VOCAB = 2048, 32768
 
 def measure(width: int, heads: int, layers: int, compiled: bool) -> int:
     """Transient bytes of one training step of one sequence, in a fresh process."""
+    # glibc then serves every block from 64 KiB with its own mmap and returns it when freed, so the resident set
+    # follows the live tensors (else freed activations stay in malloc's heap and hide the next step's peak).
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     result = subprocess.run([sys.executable, __file__, "--child", str(width), str(heads), str(layers), str(int(compiled))],
-                            cwd=REPO, capture_output=True, text=True, timeout=900)
+                            cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-2000:])
     return int(result.stdout.strip().splitlines()[-1])

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from xsa_exp.model import GPT, GPTConfig, XSASettings
@@ -67,3 +68,21 @@ def test_flops_per_token_against_a_hand_count():
     d12 = GPT(GPTConfig(sequence_len=2048, vocab_size=32768, n_layer=12, n_head=12, n_embd=768, xsa=XSASettings()))
     hand = 6 * (12 * 12 * 768**2 + 6 * 12 * 12 + 32768 * 768) + 12 * 12 * 768 * 2048
     assert d12.flops_per_token() == hand == 6 * (84_934_656 + 864 + 25_165_824) + 226_492_416
+
+
+def test_memory_model_predicts_the_presets_and_names_a_batch_that_fits():
+    from xsa_exp.memory import fitting_batch_size, memory_warning, predicted_peak_bytes
+
+    with torch.device("meta"):
+        d12 = GPT(GPTConfig(sequence_len=2048, vocab_size=32768, n_layer=12, n_head=12, n_embd=768, xsa=XSASettings()))
+    # The measured d12 figures (bench/memory_model.py): eager 85.3 GB, compiled 55.2 GB at 32 sequences.
+    assert predicted_peak_bytes(d12, 32, compiled=False) / 1e9 == pytest.approx(85.3, rel=0.03)
+    assert predicted_peak_bytes(d12, 32, compiled=True) / 1e9 == pytest.approx(55.2, rel=0.03)
+    h100 = 80e9
+    batch = fitting_batch_size(d12, h100, compiled=False, tokens_per_batch_unit=2048, total_batch_tokens=524288)
+    assert batch == 16 and 524288 % (batch * 2048) == 0  # the largest divisor of the 256-sequence batch under 80 GB
+    message = memory_warning(d12, 32, False, True, h100, "NVIDIA H100 80GB HBM3", 2048, 524288)
+    assert message.startswith("predicted peak memory 87 GB (eager, train.device_batch_size=32) exceeds this NVIDIA H100")
+    assert "train.device_batch_size=16 fits" in message and "train.compile=true fits as it is" in message
+    assert memory_warning(d12, 32, True, True, h100, "NVIDIA H100", 2048, 524288) is None
+    assert memory_warning(d12, 32, False, True, 141e9, "NVIDIA H200", 2048, 524288) is None

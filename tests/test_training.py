@@ -258,3 +258,19 @@ def test_logged_tokens_per_sec_is_wall_time_between_step_lines_and_the_log_has_m
         assert float(r["train/mfu"]) == pytest.approx(float(r["train/tokens_per_sec"]) * model_flops / 1e12, rel=1e-9)
         assert float(r["train/peak_memory_gb"]) > 0.05
     assert any("| mfu " in m and "| mem " in m for _, m in lines)
+
+
+def test_compiled_training_matches_eager_and_evaluates_eagerly(tmp_path):
+    """train.compile=true compiles the training forward only, and the evaluations (bpb, diagnostics) run on the
+    eager model. The first loss is the eager one; then compile's reordered fp32 sums, which Muon's bf16
+    Newton-Schulz turns into differences of a few 1e-4, separate the two slightly."""
+    from tests.conftest import SMALL, compose_config
+
+    runs = {}
+    for compiled in (False, True):
+        cfg = compose_config(*SMALL, "train.max_steps=4", "eval.every=2", "eval.diag_every=2", f"train.compile={compiled}")
+        runs[compiled] = read_rows(train(cfg, tmp_path / f"compile_{compiled}"))
+    for key in ("train/loss", "val/bpb"):
+        eager, compiled = ([float(r[key]) for r in runs[c] if r[key]] for c in (False, True))
+        assert len(eager) == len(compiled) > 0 and compiled == pytest.approx(eager, rel=2e-3), key
+        assert key != "train/loss" or compiled[0] == pytest.approx(eager[0], rel=1e-6)

@@ -219,7 +219,7 @@ class TrainLoopConfig:
     param_data_ratio: float = key(20, "tokens per hidden-matrix + lm_head parameter (nanochat's compute-optimal rule)", gt=0)
     grad_clip: float = key(0.0, "max global grad norm; 0 = off", ge=0)
     skip_nonfinite_steps: int = key(0, "non-finite updates skipped before the run stops; 0 = stop at the first", ge=0)
-    compile: bool = key(False, "torch.compile the model")
+    compile: bool = key(False, "torch.compile the training forward (evaluations run eager)")
     cpu_threads: Optional[int] = key(None, "torch threads on CPU; null = torch's default (one per core); fp32 sums, and so "
                                      "results, depend on it", ge=1)
     peak_flops: Optional[float] = key(None, "one device's peak FLOP/s, for train/mfu; null = by CUDA device name "

@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp import run_dir as rd
@@ -20,10 +20,11 @@ from xsa_exp.cluster import cluster_plugins, device_peak_flops, export_submitit_
 from xsa_exp.callbacks import (AttentionDiagnostics, CoreEvaluation, PeriodicCheckpoint, PreemptionCheckpoint,
                                TrainMetrics, UpdateClock, ValidationBPB)
 from xsa_exp.console import quiet_libraries, quiet_wandb_logger
-from xsa_exp.config import ConfigError, grad_accumulation, validate
+from xsa_exp.config import ConfigError, grad_accumulation, validate, world_size
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.lightning_module import LanguageModel
+from xsa_exp.memory import memory_warning
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.run_dir import LoadedRun, RunError, load_trained
 
@@ -72,6 +73,16 @@ def resolve_precision(trainer_cfg: DictConfig, n_embd: int) -> tuple[str, str]:
         return "32-true", (f"auto: CPU; below model.n_embd={CPU_BF16_MIN_WIDTH} bf16-mixed cost val bpb (BENCHMARKS.md), "
                            "trainer.precision=bf16-mixed to trade")
     return "bf16-mixed", f"auto: CPU with native bf16 matmul and model.n_embd >= {CPU_BF16_MIN_WIDTH}"
+
+
+def warn_if_it_will_not_fit(model: GPT, cfg: DictConfig) -> None:
+    """Before training, one line if the predicted peak memory exceeds the GPU's (xsa_exp/memory.py)."""
+    device = torch.cuda.get_device_properties(torch.cuda.current_device())
+    message = memory_warning(model, cfg.train.device_batch_size, cfg.train.compile, cfg.optim.matrix_algorithm == "muon",
+                             device.total_memory, device.name, cfg.model.sequence_len * world_size(cfg.trainer),
+                             cfg.train.total_batch_tokens)
+    if message:
+        rank_zero_warn(message)
 
 
 def run_summary(cfg: DictConfig) -> dict:
@@ -153,6 +164,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
                       flops_per_token=model.flops_per_token(), arm=summary,
                       init_from=base and {"run": str(base.run_dir), "checkpoint": str(base.checkpoint), "step": base.step})
     print_start(model, cfg, run)
+    if accelerator_is_cuda(cfg.trainer):
+        warn_if_it_will_not_fit(model, cfg)
     if resume_from is None:
         rank_zero_only(rd.set_aside_unfinished_logs)(run_dir)
         save_run_files(run_dir, cfg, run)
