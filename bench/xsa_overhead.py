@@ -215,6 +215,7 @@ def main() -> None:
                         help="CPU mode: fp32, or bf16 autocast as trainer.precision=bf16-mixed (GPU mode is always bf16)")
     parser.add_argument("--parts", nargs="+", choices=["tiny", "d12", "lightning"], default=["tiny", "d12", "lightning"],
                         help="CPU mode: which measurements to run")
+    parser.add_argument("--depths", nargs="+", choices=["d12", "d24"], default=["d12", "d24"], help="GPU mode: the presets")
     parser.add_argument("--blocks", type=int, default=5, help="CPU mode: Lightning vs bare loop blocks of 20 steps each")
     parser.add_argument("--keep-denormals", action="store_true",
                         help="CPU mode: leave denormal floats on (the default flushes them, see below)")
@@ -236,8 +237,9 @@ def main() -> None:
             lightning_overhead(["depth=tiny", "model.sequence_len=128"], 8, block=20, blocks=args.blocks)
     else:
         repeats = args.repeats or 20
-        xsa_overhead("d12", ["depth=d12"], 16, "cuda", True, 5, repeats, True)
-        xsa_overhead("d24", ["depth=d24"], 8, "cuda", True, 5, repeats, True)
+        batches = {"d12": 16, "d24": 8}  # half the presets' micro-batches: three arms stay resident
+        for depth in args.depths:
+            xsa_overhead(depth, [f"depth={depth}"], batches[depth], "cuda", True, 5, repeats, True)
 
 
 if __name__ == "__main__":

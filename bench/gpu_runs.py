@@ -1,0 +1,161 @@
+"""The real job's figures on a GPU: throughput, MFU and peak memory of `python train.py` at d12 and d24,
+eager and compiled, and the exactness checks on the device. Part of `bash bench/gpu.sh`.
+
+    python bench/gpu_runs.py --out gpu_runs.json            # on a CUDA machine
+    python bench/gpu_runs.py --smoke --out smoke.json       # the same plumbing at tiny shapes, on any device
+
+1. One `python train.py` per (preset, mode), one arm (alpha = 1), the preset's micro-batch and global
+   batch, `--steps` updates, on a parquet corpus written here (documents of random words, so a 32,768-token
+   BPE can be learned; the text does not matter for speed). From each run's metrics.csv: the median
+   train/tokens_per_sec, train/mfu and the peak train/peak_memory_gb over the updates after the first two
+   (compilation, warm-up), the first update's time (compile time for a compiled run), and the peak memory
+   xsa_exp/memory.py predicts. A run that fails (out of memory, say) is recorded with its last error line.
+2. On the device: the XSA op at alpha = 0 returns y bit for bit (bf16) and a model at alpha = 0 gives
+   standard attention's logits bit for bit under bf16 autocast; alpha = 1 makes z_i orthogonal to v_i under
+   bf16 autocast (max |cos(z_i, v_i)| over layers and heads); greedy KV-cached generation equals full
+   recomputation in fp32.
+Writes one JSON file and prints a table for BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import date
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from hydra import compose, initialize_config_dir
+
+import xsa_exp.schema  # noqa: F401  (registers the structured configs conf/ starts from)
+from xsa_exp.generate import generate
+from xsa_exp.memory import predicted_peak_bytes
+from xsa_exp.model import GPT, GPTConfig, XSASettings, exclusive_self_attention
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = ("d12", "d24")
+SMOKE = ["model.n_layer=2", "model.n_embd=128", "model.n_head=2", "model.sequence_len=128", "model.vocab_size=1024",
+         "train.device_batch_size=4", "train.total_batch_tokens=1024"]
+
+
+def write_corpus(folder: Path, files: int, docs: int) -> None:
+    rng = random.Random(0)
+    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(50000)]
+    for i in range(files):
+        texts = [" ".join(rng.choices(words, k=rng.randint(100, 600))) for _ in range(docs)]
+        pq.write_table(pa.table({"text": texts}), folder / f"part_{i:03d}.parquet", row_group_size=1024)
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+def throughput_run(name: str, overrides: list[str], compiled: bool, workdir: Path, steps: int) -> dict:
+    run_dir = workdir / name
+    args = [*overrides, f"train.compile={str(compiled).lower()}", f"train.max_steps={steps}", "eval.every=0",
+            "eval.core_every=0", "eval.diag_every=0", "logger=csv", "log.print_every=1", "xsa.alpha=1",
+            f"hydra.run.dir={run_dir}"]
+    result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=900)
+    cfg = compose_cfg([a for a in args if not a.startswith("hydra.")])
+    with torch.device("meta"):
+        model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
+    figures = {"run": name, "compiled": compiled, "device_batch_size": cfg.train.device_batch_size,
+               "predicted_peak_gb": predicted_peak_bytes(model, cfg.train.device_batch_size, compiled) / 1e9}
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+        return {**figures, "error": lines[-1] if lines else f"exit status {result.returncode}"}
+    with open(run_dir / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["train/loss"]]
+    steady = rows[2:] or rows
+    tokens_per_step = cfg.train.total_batch_tokens
+    tokens_per_sec = statistics.median(float(r["train/tokens_per_sec"]) for r in steady)
+    mfu = statistics.median(float(r["train/mfu"]) for r in steady) if steady[0].get("train/mfu") else None
+    return {**figures, "tokens_per_sec": tokens_per_sec, "mfu": mfu,
+            "peak_memory_gb": max(float(r["train/peak_memory_gb"]) for r in rows),
+            "first_update_s": tokens_per_step / float(rows[0]["train/tokens_per_sec"]),
+            "steady_update_s": tokens_per_step / tokens_per_sec}
+
+
+def exactness_checks(device: str, smoke: bool) -> dict:
+    shape = dict(sequence_len=128, vocab_size=1024, n_layer=2, n_head=2, n_embd=128) if smoke else \
+        dict(sequence_len=2048, vocab_size=32768, n_layer=4, n_head=12, n_embd=768)
+
+    def model(**xsa) -> GPT:
+        torch.manual_seed(0)
+        m = GPT(GPTConfig(**shape, xsa=XSASettings(**xsa))).to(device)
+        with torch.no_grad():  # non-zero projections, so XSA matters
+            for p in m.parameters():
+                p.add_(0.02 * torch.randn_like(p))
+        return m.eval()
+
+    idx = torch.randint(0, shape["vocab_size"], (2, shape["sequence_len"]), device=device)
+    checks = {}
+    y, v = (torch.randn(2, 4, 64, 64, device=device, dtype=torch.bfloat16) for _ in range(2))
+    checks["op_alpha0_returns_y_bf16"] = bool(torch.equal(exclusive_self_attention(y, v, 0.0), y))
+    all_layers = list(range(shape["n_layer"]))
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+        checks["alpha0_model_equals_standard_attention_bf16"] = bool(
+            torch.equal(model(alpha=0.0, layers=all_layers)(idx), model(layers=[])(idx)))
+        from xsa_exp.eval.diagnostics import attention_diagnostics
+        cos = attention_diagnostics(model(alpha=1.0, layers=all_layers), idx[:1],
+                                    lambda: torch.autocast(device, dtype=torch.bfloat16))
+        checks["alpha1_max_abs_cos_z_v_bf16"] = float(cos["out_self_cos"].abs().max())
+    small = model(alpha=1.0, layers=all_layers)
+    prompt = idx[0, :16].tolist()
+    checks["kv_cache_greedy_equals_recomputation_fp32"] = \
+        generate(small, prompt, 32, num_samples=2) == generate(small, prompt, 32, num_samples=2, use_cache=False)
+    return checks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=8, help="updates per run (the first two are not counted)")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, to test the script on any device")
+    parser.add_argument("--out", type=Path, default=Path("gpu_runs.json"))
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cuda" and not args.smoke:
+        sys.exit("bench/gpu_runs.py: no CUDA device visible to torch (use --smoke to test the script on a CPU)")
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        (workdir / "corpus").mkdir()
+        write_corpus(workdir / "corpus", files=3, docs=300 if args.smoke else 3000)
+        os.environ["XSA_EXP_CACHE"] = str(workdir / "cache")  # one tokenizer, learned by the first run
+        data = ["data=local", f"data.path={workdir / 'corpus'}", "data.tokenizer_chars=20000000"]
+        runs = []
+        for preset in PRESETS:
+            shape = [f"depth={preset}", *data, *(SMOKE if args.smoke else [])]
+            for compiled in (False, True):
+                runs.append(throughput_run(f"{preset}_{'compiled' if compiled else 'eager'}", shape, compiled, workdir,
+                                           args.steps))
+    name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    capacity = torch.cuda.get_device_properties(0).total_memory / 1e9 if device == "cuda" else None
+    figures = {"date": str(date.today()), "device": name, "memory_gb": capacity, "torch": torch.__version__,
+               "cuda": torch.version.cuda, "smoke": args.smoke, "runs": runs, "checks": exactness_checks(device, args.smoke)}
+    args.out.write_text(json.dumps(figures, indent=1))
+    print(f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, {date.today()}")
+    print("| run | micro-batch | tokens/s | MFU | peak GB (predicted) | first update s | steady update s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in runs:
+        if "error" in r:
+            print(f"| {r['run']} | {r['device_batch_size']} | failed: {r['error'][:80]} | | (predicted {r['predicted_peak_gb']:.1f}) | | |")
+            continue
+        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
+        print(f"| {r['run']} | {r['device_batch_size']} | {r['tokens_per_sec']:,.0f} | {mfu} | {r['peak_memory_gb']:.1f} "
+              f"({r['predicted_peak_gb']:.1f}) | {r['first_update_s']:.1f} | {r['steady_update_s']:.2f} |")
+    for check, value in figures["checks"].items():
+        print(f"{check}: {value}")
+
+
+if __name__ == "__main__":
+    main()
