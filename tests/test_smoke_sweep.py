@@ -29,3 +29,35 @@ def test_smoke_sweep_with_two_seeds_then_report(tmp_path):
     assert "(n=2)" in text  # two seeds pooled per arm
     assert (sweep / "report" / "numbers.csv").is_file()
     assert any(p.suffix == ".png" and p.stat().st_size > 0 for p in (sweep / "report" / "plots").iterdir())
+
+
+def test_joblib_sweep_runs_jobs_in_parallel_bit_identical_to_one_at_a_time(tmp_path):
+    """hydra/launcher=joblib (one thread per job) gives every job the rows and weights the basic launcher's
+    one-at-a-time jobs get."""
+    import torch
+
+    from tests.test_resume import rows
+
+    model = [o for o in SMALL if o.startswith(("model.", "train.", "eval."))]
+    sweeps = {}
+    for launcher in ("basic", "joblib"):
+        sweeps[launcher] = tmp_path / launcher
+        extra = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
+        result = subprocess.run([sys.executable, "train.py", "-m", *extra, "xsa.alpha=0,1", "logger=csv", *model,
+                                 "train.max_steps=4", "eval.every=2", "train.cpu_threads=1",
+                                 f"hydra.sweep.dir={sweeps[launcher]}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+    for job in ("0", "1"):
+        basic, joblib = sweeps["basic"] / job, sweeps["joblib"] / job
+        assert rows(joblib) == rows(basic)
+        ours = torch.load(joblib / "checkpoints" / "final.ckpt", weights_only=False)["state_dict"]
+        theirs = torch.load(basic / "checkpoints" / "final.ckpt", weights_only=False)["state_dict"]
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_multi_device_jobs_are_refused_under_joblib(tmp_path):
+    result = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=joblib", "trainer=ddp",
+                             "trainer.accelerator=cpu", "trainer.devices=2", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and not (tmp_path / "sweep").exists()
+    assert result.stderr.startswith("config error: multi-device training inside a local Hydra sweep is not supported")

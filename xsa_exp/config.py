@@ -270,7 +270,8 @@ def preflight(config_name: str, argv: list[str], conf_dir: Path) -> list[DictCon
     runs = compose_runs(args.config_name or config_name, args.overrides, conf_dir, bool(args.multirun))
     if config_name == "train" and args.multirun:
         # Lightning's DDP re-launches the script once per device, which a local Hydra sweep cannot host.
-        if any(cfg.hydra.launcher._target_.endswith("BasicLauncher") and _devices_known(cfg) and world_size(cfg.trainer) > 1
+        in_process = ("BasicLauncher", "JoblibLauncher")  # jobs run in this process or a joblib worker
+        if any(cfg.hydra.launcher._target_.endswith(in_process) and _devices_known(cfg) and world_size(cfg.trainer) > 1
                for cfg in runs):
             raise ConfigError("multi-device training inside a local Hydra sweep is not supported; run each multi-GPU "
                               "job as its own `python train.py ...`, sweep with hydra/launcher=submitit_local "
