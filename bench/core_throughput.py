@@ -18,7 +18,6 @@ from hydra import compose, initialize_config_dir
 from xsa_exp.eval.bundle import bundle_problem, resolve_bundle_dir
 from xsa_exp.eval.core import evaluate_core
 from xsa_exp.model import GPT, GPTConfig
-import xsa_exp.schema  # noqa: F401  (registers the structured configs conf/ starts from)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -26,7 +26,6 @@ import pyarrow.parquet as pq
 from hydra import compose, initialize_config_dir
 
 from xsa_exp.data.datamodule import TextDataModule
-import xsa_exp.schema  # noqa: F401  (registers the structured configs conf/ starts from)
 
 REPO = Path(__file__).resolve().parents[1]
 def write_corpus(folder: Path, files: int = 8, docs: int = 3000) -> None:

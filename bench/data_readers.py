@@ -36,7 +36,6 @@ from xsa_exp.data.corpus import load_sample_corpus
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.data.sources import read_documents
 from xsa_exp.model import GPT, GPTConfig
-import xsa_exp.schema  # noqa: F401  (registers the structured configs conf/ starts from)
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_GROUP = 1024  # documents per row group in ClimbMix's shards

@@ -16,7 +16,6 @@ from hydra import compose, initialize_config_dir
 
 from xsa_exp.generate import generate
 from xsa_exp.model import GPT, GPTConfig
-import xsa_exp.schema  # noqa: F401  (registers the structured configs conf/ starts from)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -36,7 +36,6 @@ import pyarrow.parquet as pq
 import torch
 from hydra import compose, initialize_config_dir
 
-import xsa_exp.schema  # noqa: F401  (registers the structured configs conf/ starts from)
 from xsa_exp.generate import generate
 from xsa_exp.memory import predicted_peak_bytes
 from xsa_exp.model import GPT, GPTConfig, XSASettings, exclusive_self_attention

@@ -56,7 +56,6 @@ def child(width: int, heads: int, layers: int, compiled: bool) -> None:
     import torch
     from hydra import compose, initialize_config_dir
 
-    import xsa_exp.schema  # noqa: F401  (registers the structured configs conf/ starts from)
     from xsa_exp.model import GPT, GPTConfig
     from xsa_exp.optim import MuonAdamW, build_param_groups
 
@@ -94,7 +93,6 @@ def preset_counts(depth: str) -> tuple[dict, dict]:
     import torch
     from hydra import compose, initialize_config_dir
 
-    import xsa_exp.schema  # noqa: F401
     from xsa_exp.model import GPT, GPTConfig
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

@@ -36,7 +36,6 @@ from hydra import compose, initialize_config_dir
 from xsa_exp.cluster import peak_flops
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.optim import MuonAdamW, WarmupConstantWarmdown, build_param_groups
-import xsa_exp.schema  # noqa: F401  (registers the structured configs conf/ starts from)
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"alpha=0": ["xsa.alpha=0"], "alpha=1": ["xsa.alpha=1"], "learnable": ["xsa=learnable"]}

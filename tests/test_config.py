@@ -130,3 +130,22 @@ def test_precision_auto_on_cpu_follows_the_measured_rule(monkeypatch, native, wi
     assert precision == expected and reason.startswith("auto: CPU")
     assert training.resolve_precision(compose_config("trainer.precision=bf16-mixed").trainer, 128) == (
         "bf16-mixed", "trainer.precision")
+
+
+def test_conf_composes_typed_with_the_plain_compose_api_in_a_fresh_process():
+    """The schema reaches Hydra through hydra_plugins/xsa_exp_schema, not through an import of xsa_exp."""
+    code = f"""
+import sys
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+with initialize_config_dir(config_dir={str(CONF_DIR)!r}, version_base="1.3"):
+    cfg = compose("train", overrides=["depth=d12", "data=climbmix"])
+print(OmegaConf.get_type(cfg.model).__name__, OmegaConf.get_type(cfg.data).__name__, cfg.train.compile)
+try:
+    cfg.xsa.alpha = "strong"
+except Exception as e:
+    print(type(e).__name__)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["ModelConfig", "ClimbmixDataConfig", "True", "ValidationError"]

@@ -313,11 +313,10 @@ DATA_SCHEMAS = {"sample": SampleDataConfig, "climbmix": ClimbmixDataConfig, "loc
 
 
 def register() -> None:
+    """Store the schema in Hydra's ConfigStore; hydra_plugins/xsa_exp_schema calls it when Hydra starts."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     for name, node in DATA_SCHEMAS.items():
         cs.store(group="schema/data", name=name, node=node)
 
-
-register()
