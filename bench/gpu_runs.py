@@ -147,7 +147,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in runs:
         if "error" in r:
-            print(f"| {r['run']} | {r['device_batch_size']} | failed: {r['error'][:80]} | | (predicted {r['predicted_peak_gb']:.1f}) | | |")
+            print(f"| {r['run']} | {r['device_batch_size']} | failed: {r['error'][:80]} | | "
+                  f"(predicted {r['predicted_peak_gb']:.1f}) | | |")
             continue
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
         print(f"| {r['run']} | {r['device_batch_size']} | {r['tokens_per_sec']:,.0f} | {mfu} | {r['peak_memory_gb']:.1f} "

@@ -9,8 +9,8 @@ precision), eager or torch.compile. After two warm-up steps (weights, grads and 
 compilation done), the process's peak resident set is reset (/proc/self/clear_refs) and one step of one
 sequence (2,048 tokens) runs: the rise of the peak over the resident set before it is that step's
 transient memory (saved activations, logits, temporaries), with glibc returning every freed block of
-64 KiB or more to the system, so that the resident set is the live tensors' (as CUDA's max allocated). Two layer counts separate a per-layer part
-from a fixed one (embeddings, logits, loss), both per token.
+64 KiB or more to the system, so that the resident set is the live tensors' (as CUDA's max allocated).
+Two layer counts separate a per-layer part from a fixed one (embeddings, logits, loss), both per token.
 
 Predicted peak of a preset on a GPU = 4 bytes x (weights + grads) + Muon's momentum (4 bytes per
 hidden-matrix weight) + AdamW's two moments (8 bytes per other weight) + tokens per micro-batch x

@@ -83,7 +83,21 @@ def test_resume_refuses_a_different_config(tmp_path, small_cfg):
         train(small_cfg("train.max_steps=2", "resume=auto", "xsa.alpha=0.5"), run_dir)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_every_preemption_signal_gets_the_same_handler_for_the_run_and_the_old_one_back():
+    from types import SimpleNamespace
+
+    from xsa_exp.callbacks import PreemptionCheckpoint
+
+    signums = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+    before = {s: signal.getsignal(s) for s in signums}
+    callback = PreemptionCheckpoint("unused")
+    callback.on_train_start(SimpleNamespace(global_step=0), None)
+    assert all(signal.getsignal(s) == callback._request for s in signums)
+    callback.hand_over()  # not stopped: only restores
+    assert {s: signal.getsignal(s) for s in signums} == before
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM])  # SIGUSR1 and SIGUSR2 have the same handler (test above)
 def test_preemption_signal_saves_at_the_next_update_and_exits_cleanly(tmp_path, small_cfg, signum):
     reference = train(small_cfg("train.max_steps=9", "eval.every=2", "eval.diag_every=4"), tmp_path / "reference")
     run_dir = tmp_path / "preempted"

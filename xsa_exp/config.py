@@ -13,6 +13,7 @@ Each problem is one line that names the key, what was given and what is allowed,
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import re
 import sys
 from pathlib import Path
@@ -200,15 +201,30 @@ def compose_runs(config_name: str, overrides: list[str], conf_dir: Path, multiru
         base = compose(overrides, RunMode.MULTIRUN)
         if not base.hydra.sweeper._target_.endswith("BasicSweeper"):
             return [base]
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
         params = [f"{k}={v}" for k, v in (base.hydra.sweeper.params or {}).items()]
         try:
             parsed = OverridesParser.create(config_loader=gh.config_loader).parse_overrides(params + overrides)
-            [jobs] = BasicSweeper.split_arguments(parsed, None)
         except HydraException as e:
             raise ConfigError(first_line(e)) from None
-        return [compose(job) for job in jobs]
+        return [compose(job) for job in sweep_jobs(parsed)]
+
+
+def sweep_jobs(overrides: list) -> list[list[str]]:
+    """The jobs of a sweep as Hydra's basic sweeper makes them (hydra.sweeper.params first, then the command
+    line): each key's values, a later override of a key replacing an earlier one in its place, and the
+    cartesian product of the keys in that order. Written on Hydra's public override types: the sweeper's
+    own expansion is not public API."""
+    choices: dict[str, list[str]] = {}
+    for override in overrides:
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            choices[key] = [f"{key}={override.get_value_element_as_str()}"]
+        elif override.is_discrete_sweep():
+            choices[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+        else:
+            raise ConfigError(f"{override.input_line} is not a sweep Hydra's basic sweeper can run; "
+                              "use a list of values (a,b,c) or range(start,stop[,step])")
+    return [list(job) for job in itertools.product(*choices.values())]
 
 
 def composition_error(error: Exception, overrides: list[str], compose) -> str:
@@ -260,6 +276,8 @@ def preflight(config_name: str, argv: list[str], conf_dir: Path) -> list[DictCon
     keys, wrong types) and validation of each run, each sweep job included. Raises ConfigError.
 
     Returns the composed configs ([] for Hydra's own informational flags, which start no run)."""
+    # Hydra's own command-line parser (the flags of @hydra.main): Hydra has no public one, and a copy of its
+    # flags here would drift from the installed Hydra's.
     from hydra._internal.utils import get_args_parser
 
     args = get_args_parser().parse_args(argv)
@@ -289,6 +307,8 @@ def check_overrides(config_name: str, base: DictConfig, overrides: list[str]) ->
     The same code path without recomposing the groups each time, for checks of many values (tests)."""
     import copy
 
+    # How Hydra applies `key=value` overrides after composing the groups: no public API applies parsed overrides
+    # to a composed config, and OmegaConf's own updates word their errors (and treat +/~ keys) differently.
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException

@@ -33,8 +33,8 @@ def predicted_peak_bytes(model, device_batch_size: int, compiled: bool, muon: bo
     return state_bytes(model.param_counts(), muon) + device_batch_size * c.sequence_len * per_token
 
 
-def fitting_batch_size(model, capacity_bytes: float, compiled: bool, tokens_per_batch_unit: int, total_batch_tokens: int,
-                       muon: bool = True) -> int | None:
+def fitting_batch_size(model, capacity_bytes: float, compiled: bool, tokens_per_batch_unit: int,
+                       total_batch_tokens: int, muon: bool = True) -> int | None:
     """The largest device_batch_size predicted to fit that still divides the global batch
     (total_batch_tokens a multiple of device_batch_size x tokens_per_batch_unit); None if not even 1 fits."""
     fits = [b for b in range(1, total_batch_tokens // tokens_per_batch_unit + 1)

@@ -114,7 +114,8 @@ class StreamedRows:
         consumed = start_row // (batch_size * world_size)  # batches each rank has consumed
         role = (worker + consumed) % workers
         done = len(range(role, consumed, workers))  # of those, made by this role's reader
-        # The DataLoader's workers share the CPUs the process may use (SLURM's cpus_per_task), each tokenizing its share.
+        # The DataLoader's workers share the CPUs the process may use (SLURM's cpus_per_task), each tokenizing
+        # its share.
         self.tokenizer.threads = max(1, available_cpus() // workers)
         rows = islice(self.reader_rows(rank * workers + role, world_size * workers), done * batch_size, None)
         while True:  # reader_rows never ends
