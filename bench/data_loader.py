@@ -29,7 +29,8 @@ from xsa_exp.data.datamodule import TextDataModule
 
 REPO = Path(__file__).resolve().parents[1]
 def write_corpus(folder: Path, files: int = 8, docs: int = 3000) -> None:
-    """Documents of words drawn from 20,000 random letter strings: enough variety for a 4096-token BPE."""
+    """Documents of words drawn from 20,000 random letter strings: enough variety for a 4096-token BPE, and for
+    the presets' 32,768 (3 files of 3,000 documents learn all 32,768 tokens; bench/gpu_runs.py uses it)."""
     rng = random.Random(0)
     words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(20000)]
     for i in range(files):

@@ -67,8 +67,7 @@ def gpu_tokens_per_second(depth: str) -> float:
 
 def one_reader(data: TextDataModule, ranks: int, repeats: int) -> dict:
     """Reader 0 of `ranks`: one epoch of its share, timed `repeats` times (median); its documents counted untimed."""
-    rows = data.train_rows
-    rows.tokenizer.threads = available_cpus()  # one reader per rank, as with data.num_workers=1
+    rows = data.train_rows  # its tokenizer runs as many threads as this process's CPUs, as one worker's would
     documents = sum(len(batch) for batch in read_documents(data.corpus, data.corpus.train_files, 0, ranks))
     times = []
     for _ in range(repeats):

@@ -23,7 +23,6 @@ import argparse
 import csv
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -31,27 +30,20 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from hydra import compose, initialize_config_dir
 
+from xsa_exp.eval.diagnostics import attention_diagnostics
 from xsa_exp.generate import generate
 from xsa_exp.memory import predicted_peak_bytes
 from xsa_exp.model import GPT, GPTConfig, XSASettings, exclusive_self_attention
+
+from data_loader import write_corpus  # bench/data_loader.py, beside this script: documents of random words
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("d12", "d24")
 SMOKE = ["model.n_layer=2", "model.n_embd=128", "model.n_head=2", "model.sequence_len=128", "model.vocab_size=1024",
          "train.device_batch_size=4", "train.total_batch_tokens=1024"]
-
-
-def write_corpus(folder: Path, files: int, docs: int) -> None:
-    rng = random.Random(0)
-    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(50000)]
-    for i in range(files):
-        texts = [" ".join(rng.choices(words, k=rng.randint(100, 600))) for _ in range(docs)]
-        pq.write_table(pa.table({"text": texts}), folder / f"part_{i:03d}.parquet", row_group_size=1024)
 
 
 def compose_cfg(overrides: list[str]):
@@ -105,7 +97,6 @@ def exactness_checks(device: str, smoke: bool) -> dict:
     with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
         checks["alpha0_model_equals_standard_attention_bf16"] = bool(
             torch.equal(model(alpha=0.0, layers=all_layers)(idx), model(layers=[])(idx)))
-        from xsa_exp.eval.diagnostics import attention_diagnostics
         cos = attention_diagnostics(model(alpha=1.0, layers=all_layers), idx[:1],
                                     lambda: torch.autocast(device, dtype=torch.bfloat16))
         checks["alpha1_max_abs_cos_z_v_bf16"] = float(cos["out_self_cos"].abs().max())
@@ -128,7 +119,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         (workdir / "corpus").mkdir()
-        write_corpus(workdir / "corpus", files=3, docs=300 if args.smoke else 3000)
+        write_corpus(workdir / "corpus", files=3, docs=300 if args.smoke else 3000)  # learns a 32,768-token BPE
         os.environ["XSA_EXP_CACHE"] = str(workdir / "cache")  # one tokenizer, learned by the first run
         data = ["data=local", f"data.path={workdir / 'corpus'}", "data.tokenizer_chars=20000000"]
         runs = []

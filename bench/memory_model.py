@@ -28,6 +28,8 @@ import sys
 from datetime import date
 from pathlib import Path
 
+from xsa_exp.memory import state_bytes
+
 REPO = Path(__file__).resolve().parents[1]
 WIDTHS = {"d12": (768, 12), "d24": (1024, 16)}
 SEQ, VOCAB = 2048, 32768
@@ -83,12 +85,6 @@ def child(width: int, heads: int, layers: int, compiled: bool) -> None:
     print((rss_kib("VmHWM") - before) * 1024)
 
 
-def state_bytes(counts: dict[str, int]) -> int:
-    """Weights and grads (fp32) + Muon momentum on hidden matrices + AdamW's two moments on the rest."""
-    total, matrices = counts["total"], counts["hidden matrices"]
-    return 4 * 2 * total + 4 * matrices + 8 * (total - matrices)
-
-
 def preset_counts(depth: str) -> tuple[dict, dict]:
     import torch
     from hydra import compose, initialize_config_dir
@@ -115,7 +111,7 @@ def main() -> None:
           f"{'micro-batch':>11} {'predicted peak GB':>17} {'fits 80 GB':>10} {'fits 141 GB':>11} {'largest batch on 80 GB':>22}")
     for depth, (width, heads) in WIDTHS.items():
         counts, preset = preset_counts(depth)
-        state = state_bytes(counts)
+        state = state_bytes(counts, muon=True)
         for compiled in (False, True):
             two, four = (measure(width, heads, layers, compiled) for layers in (2, 4))
             per_layer = (four - two) / 2 / SEQ

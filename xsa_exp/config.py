@@ -331,8 +331,7 @@ def check_submitit_job(cfg: DictConfig) -> None:
     if cfg.resume != "auto":
         raise ConfigError("hydra/launcher=submitit_* requeues a job at its time limit or preemption, and the requeued job "
                           "must continue its run; add resume=auto")
-    devices = cfg.trainer.devices
-    if not isinstance(devices, int) or isinstance(devices, bool):
+    if not isinstance(cfg.trainer.devices, int) or isinstance(cfg.trainer.devices, bool):
         return  # "auto" is resolved on the node
     devices = world_size(cfg.trainer)
     if launcher.tasks_per_node * launcher.nodes != devices or launcher.nodes != cfg.trainer.num_nodes:

@@ -195,7 +195,8 @@ def _read_file(corpus: StreamedCorpus, file: str, mine: Callable[[], bool]) -> I
     """The documents of each chunk of file for which mine() (asked once per chunk, in order) is true."""
     builder = FORMATS[PurePosixPath(file).suffix]
     try:
-        chunks = _parquet_row_groups(corpus, file, mine) if builder == "parquet" else _dataset_blocks(corpus, file, mine)
+        chunks = (_parquet_row_groups(corpus, file, mine) if builder == "parquet"
+                  else _dataset_blocks(corpus, file, builder, mine))
         for texts in chunks:
             yield [text for text in texts if text]
     except DataError:
@@ -221,11 +222,10 @@ def _parquet_row_groups(corpus: StreamedCorpus, file: str, mine: Callable[[], bo
                 yield parquet.read_row_group(j, columns=[corpus.text_column]).column(0).to_pylist()
 
 
-def _dataset_blocks(corpus: StreamedCorpus, file: str, mine: Callable[[], bool]) -> Iterator[list[str]]:
+def _dataset_blocks(corpus: StreamedCorpus, file: str, builder: str, mine: Callable[[], bool]) -> Iterator[list[str]]:
     """Blocks of DOCS_PER_READ documents of a json or txt file that `mine` keeps, streamed with `datasets`."""
     import datasets
 
-    builder = FORMATS[PurePosixPath(file).suffix]
     column = "text" if builder == "text" else corpus.text_column
     options = {"sample_by": corpus.txt_sample_by} if builder == "text" else {}
     stream = datasets.load_dataset(builder, data_files=[file], split="train", streaming=True, **options)

@@ -11,9 +11,9 @@ device sums over R accumulated micro-batches.
 
 Streamed corpora (climbmix, local): each of the K = R x W readers (reader k = rank x W + worker; W = 1
 without workers) reads and tokenizes only its share of the training documents (sources.read_documents:
-whole parquet row groups, or blocks of a json/txt file, dealt round), packs it, shuffles the rows through its own
-buffer of data.shuffle_rows seeded with (seed, epoch, k, K), epoch after epoch, and makes that rank's
-batches w, w+W, ... So a reader's work falls as 1/K. What is guaranteed instead of one global order:
+whole parquet row groups, or blocks of a json/txt file, dealt round), packs it, shuffles the rows
+through its own buffer of data.shuffle_rows seeded with (seed, epoch, k, K), epoch after epoch, and
+makes that rank's batches w, w+W, ... So a reader's work falls as 1/K. What is guaranteed instead of one global order:
 the same batches for the same seed, R and W; and for any R and W, every training document in exactly
 one reader's share, so each reader's epoch is its share and all of them together are the whole
 corpus, once (readers' epochs drift apart by at most a chunk's rows). A resumed run must keep R and W
@@ -32,9 +32,9 @@ from itertools import count, islice
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from xsa_exp.cluster import available_cpus
 from xsa_exp.data.packing import packed_rows
 from xsa_exp.data.sources import DataError, StreamedCorpus, read_documents
-from xsa_exp.cluster import available_cpus
 from xsa_exp.data.tokenizer import Tokenizer
 
 
