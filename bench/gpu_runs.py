@@ -6,14 +6,16 @@ eager and compiled, and the exactness checks on the device. Part of `bash bench/
 
 1. One `python train.py` per (preset, mode), one arm (alpha = 1), the preset's micro-batch and global
    batch, `--steps` updates, on a parquet corpus written here (documents of random words, so a 32,768-token
-   BPE can be learned; the text does not matter for speed). From each run's metrics.csv: the median
-   train/tokens_per_sec, train/mfu and the peak train/peak_memory_gb over the updates after the first two
-   (compilation, warm-up), the first update's time (compile time for a compiled run), and the peak memory
-   xsa_exp/memory.py predicts. A run that fails (out of memory, say) is recorded with its last error line.
+   BPE can be learned; the text does not matter for speed), a console line (a host sync) every 4 updates.
+   From each run's metrics.csv: the median train/tokens_per_sec, train/mfu and the peak
+   train/peak_memory_gb over the updates after the first 4 (compilation, warm-up), the mean time of those
+   first 4, the recompilations torch logs (TORCH_LOGS=recompiles) and the peak memory xsa_exp/memory.py
+   predicts. A run that fails (out of memory, say) is recorded with its last error line.
 2. On the device: the XSA op at alpha = 0 returns y bit for bit (bf16) and a model at alpha = 0 gives
    standard attention's logits bit for bit under bf16 autocast; alpha = 1 makes z_i orthogonal to v_i under
    bf16 autocast (max |cos(z_i, v_i)| over layers and heads); greedy KV-cached generation equals full
-   recomputation in fp32.
+   recomputation in fp32; and a compiled bf16 training run whose updates between host-sync steps run under
+   torch.cuda.set_sync_debug_mode("warn"): the synchronizing CUDA calls they make (0 expected).
 Writes one JSON file and prints a table for BENCHMARKS.md.
 """
 
@@ -27,12 +29,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import warnings
 from datetime import date
 from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
 
+from xsa_exp.callbacks import HostSync
 from xsa_exp.eval.diagnostics import attention_diagnostics
 from xsa_exp.generate import generate
 from xsa_exp.memory import predicted_peak_bytes
@@ -42,6 +46,7 @@ from data_loader import write_corpus  # bench/data_loader.py, beside this script
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("d12", "d24")
+WARMUP = 4  # updates per host sync in the throughput runs; the first WARMUP are not counted
 SMOKE = ["model.n_layer=2", "model.n_embd=128", "model.n_head=2", "model.sequence_len=128", "model.vocab_size=1024",
          "train.device_batch_size=4", "train.total_batch_tokens=1024"]
 
@@ -54,9 +59,10 @@ def compose_cfg(overrides: list[str]):
 def throughput_run(name: str, overrides: list[str], compiled: bool, workdir: Path, steps: int) -> dict:
     run_dir = workdir / name
     args = [*overrides, f"train.compile={str(compiled).lower()}", f"train.max_steps={steps}", "eval.every=0",
-            "eval.core_every=0", "eval.diag_every=0", "logger=csv", "log.print_every=1", "xsa.alpha=1",
+            "eval.core_every=0", "eval.diag_every=0", "logger=csv", f"log.print_every={WARMUP}", "xsa.alpha=1",
             f"hydra.run.dir={run_dir}"]
-    result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=900)
+    result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "TORCH_LOGS": "recompiles"})
     cfg = compose_cfg([a for a in args if not a.startswith("hydra.")])
     with torch.device("meta"):
         model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
@@ -67,14 +73,15 @@ def throughput_run(name: str, overrides: list[str], compiled: bool, workdir: Pat
         return {**figures, "error": lines[-1] if lines else f"exit status {result.returncode}"}
     with open(run_dir / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["train/loss"]]
-    steady = rows[2:] or rows
+    steady = rows[WARMUP:] or rows
     tokens_per_step = cfg.train.total_batch_tokens
     tokens_per_sec = statistics.median(float(r["train/tokens_per_sec"]) for r in steady)
     mfu = statistics.median(float(r["train/mfu"]) for r in steady) if steady[0].get("train/mfu") else None
     return {**figures, "tokens_per_sec": tokens_per_sec, "mfu": mfu,
             "peak_memory_gb": max(float(r["train/peak_memory_gb"]) for r in rows),
-            "first_update_s": tokens_per_step / float(rows[0]["train/tokens_per_sec"]),
-            "steady_update_s": tokens_per_step / tokens_per_sec}
+            "first_updates_s": tokens_per_step / float(rows[0]["train/tokens_per_sec"]),
+            "steady_update_s": tokens_per_step / tokens_per_sec,
+            "recompiles": result.stderr.count("Recompiling function")}
 
 
 def exactness_checks(device: str, smoke: bool) -> dict:
@@ -107,9 +114,45 @@ def exactness_checks(device: str, smoke: bool) -> dict:
     return checks
 
 
+def synchronizing_calls_between_host_syncs(smoke: bool) -> int | str:
+    """Synchronizing CUDA calls made by the updates that are not host-sync steps of a short compiled bf16 run (on a
+    machine without CUDA the same run, to test the plumbing, with nothing to count)."""
+    import lightning as L
+
+    from xsa_exp import training
+
+    cuda = torch.cuda.is_available()
+
+    class SyncDebug(L.Callback):  # last, so each window runs from one update's hooks to the end of the next one's
+        sync = HostSync([WARMUP])
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            upcoming = trainer.global_step + 1
+            quiet = upcoming < trainer.max_steps and not self.sync.due(upcoming, trainer.max_steps)
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn" if quiet else "default")
+
+    real_build = training.build_callbacks
+    training.build_callbacks = lambda *a: real_build(*a) + [SyncDebug()]
+    cfg = compose_cfg(["depth=tiny", f"trainer={'gpu' if cuda else 'cpu'}", "train.compile=true",
+                       "trainer.precision=bf16-mixed", "train.max_steps=12", f"log.print_every={WARMUP}",
+                       "eval.every=0", "eval.diag_every=0", "logger=csv", *(SMOKE if smoke else [])])
+    try:
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            training.train(cfg, Path(tmp) / "run")
+    finally:
+        training.build_callbacks = real_build
+        if cuda:
+            torch.cuda.set_sync_debug_mode("default")
+    if not cuda:
+        return "run completed; no CUDA, nothing to count"
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=8, help="updates per run (the first two are not counted)")
+    parser.add_argument("--steps", type=int, default=12, help=f"updates per run (the first {WARMUP} are not counted)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, to test the script on any device")
     parser.add_argument("--out", type=Path, default=Path("gpu_runs.json"))
     args = parser.parse_args()
@@ -131,19 +174,21 @@ def main() -> None:
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     capacity = torch.cuda.get_device_properties(0).total_memory / 1e9 if device == "cuda" else None
     figures = {"date": str(date.today()), "device": name, "memory_gb": capacity, "torch": torch.__version__,
-               "cuda": torch.version.cuda, "smoke": args.smoke, "runs": runs, "checks": exactness_checks(device, args.smoke)}
+               "cuda": torch.version.cuda, "smoke": args.smoke, "runs": runs, "checks": {**exactness_checks(device, args.smoke),
+                         "synchronizing_cuda_calls_between_host_syncs": synchronizing_calls_between_host_syncs(args.smoke)}}
     args.out.write_text(json.dumps(figures, indent=1))
     print(f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, {date.today()}")
-    print("| run | micro-batch | tokens/s | MFU | peak GB (predicted) | first update s | steady update s |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| run | micro-batch | tokens/s | MFU | peak GB (predicted) | first {WARMUP} updates s/update | steady update s "
+          "| recompiles |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in runs:
         if "error" in r:
             print(f"| {r['run']} | {r['device_batch_size']} | failed: {r['error'][:80]} | | "
-                  f"(predicted {r['predicted_peak_gb']:.1f}) | | |")
+                  f"(predicted {r['predicted_peak_gb']:.1f}) | | | |")
             continue
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
         print(f"| {r['run']} | {r['device_batch_size']} | {r['tokens_per_sec']:,.0f} | {mfu} | {r['peak_memory_gb']:.1f} "
-              f"({r['predicted_peak_gb']:.1f}) | {r['first_update_s']:.1f} | {r['steady_update_s']:.2f} |")
+              f"({r['predicted_peak_gb']:.1f}) | {r['first_updates_s']:.1f} | {r['steady_update_s']:.2f} | {r['recompiles']} |")
     for check, value in figures["checks"].items():
         print(f"{check}: {value}")
 

@@ -75,6 +75,79 @@ def test_orthogonalize_gives_near_unit_singular_values():
         assert lo < s.min() and s.max() < hi, (coefficients, s.min(), s.max())
 
 
+@pytest.mark.parametrize("shape", [(48, 16), (16, 48)])
+def test_stacked_newton_schulz_equals_one_matrix_at_a_time(shape):
+    """The step stacks the matrices of one shape; on this CPU that is the per-matrix result to the last bit."""
+    torch.manual_seed(0)
+    gs = torch.randn(3, *shape)
+    for coefficients in ("quintic", "polar_express"):
+        for dtype in (torch.bfloat16, torch.float32):
+            stacked = orthogonalize(gs, 5, coefficients, dtype)
+            assert stacked.shape == gs.shape
+            for g, got in zip(gs, stacked):
+                assert torch.equal(got, orthogonalize(g, 5, coefficients, dtype))
+
+
+def adamw_group(params, fused):
+    return dict(algorithm="adamw", params=params, lr=0.01, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1, fused=fused)
+
+
+def test_fused_adamw_equals_the_foreach_path_to_float_rounding():
+    torch.manual_seed(0)
+    start = [torch.randn(10, 3), torch.randn(7)]
+    runs = {}
+    for fused in (False, True):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        opt = MuonAdamW([adamw_group(params, fused)])
+        for step in range(5):
+            for i, p in enumerate(params):
+                p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(10 * step + i))
+            opt.step()
+        runs[fused] = [p.detach() for p in params]
+    for a, b, s in zip(runs[False], runs[True], start):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        assert not torch.equal(a, s)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_found_inf_skips_the_whole_update_exactly(fused):
+    """With found_inf = 1 (NaN gradients) weights and state stay as they were, step counts included: the next
+    update equals that of an optimizer that never saw the skipped one."""
+    torch.manual_seed(0)
+    start = [torch.randn(8, 4), torch.randn(4, 8), torch.randn(8, 4), torch.randn(5)]
+
+    def build():
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        return params, MuonAdamW([muon_group(params[:3]), adamw_group(params[3:], fused)])
+
+    def grads(params, step):
+        for i, p in enumerate(params):
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(10 * step + i))
+
+    skipping, opt = build()
+    plain, ref = build()
+    for step in range(2):
+        grads(skipping, step)
+        grads(plain, step)
+        opt.found_inf, ref.found_inf = torch.zeros(()), None
+        opt.step()
+        ref.step()
+    before = copy.deepcopy(opt.state_dict()), [p.detach().clone() for p in skipping]
+    for p in skipping:
+        p.grad = torch.full_like(p, float("nan"))
+    opt.found_inf = torch.ones(())
+    opt.step()
+    after = opt.state_dict()
+    assert all(torch.equal(a, b) for a, b in zip(before[1], skipping))
+    assert all(torch.equal(before[0]["state"][k][n], after["state"][k][n]) for k in after["state"] for n in after["state"][k])
+    grads(skipping, 2)
+    grads(plain, 2)
+    opt.found_inf = torch.zeros(())
+    opt.step()
+    ref.step()
+    assert all(torch.equal(a, b) for a, b in zip(skipping, plain))
+
+
 def model_and_cfg(*overrides):
     cfg = compose_config("model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.vocab_size=300",
                          "model.sequence_len=16", *overrides)
@@ -161,7 +234,8 @@ def _sharded_worker(rank: int, world: int, port: int, out: str) -> None:
 
 def _sharded_problem_steps(sharded: bool) -> list:
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(shape)) for shape in [(32, 16), (16, 48), (24, 24)]]
+    # Repeated shapes: each rank stacks the matrices it owns of one shape into one Newton-Schulz.
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in [(32, 16), (16, 48), (24, 24), (32, 16), (24, 24)]]
     opt = MuonAdamW([muon_group(params, sharded=sharded)])
     for step in range(3):
         for i, p in enumerate(params):

@@ -162,6 +162,46 @@ def test_scale_trend_rows_and_plot(tmp_path):
     assert "Scale" not in one and not (tmp_path / "out1" / "plots" / "scale.png").exists()
 
 
+def test_a_setting_that_varies_within_a_depth_splits_it_and_gets_its_own_trend(tmp_path):
+    """Runs of one depth preset at sequence lengths 128, 512 and 1024 (an optimizer varying too, which is an arm, not a
+    setting): compared within each length, in numeric order, and a Δ-vs-sequence_len table and plot per optimizer."""
+    study = tmp_path / "study"
+    deltas = {128: [0.020, 0.024], 512: [0.010, 0.012], 1024: [-0.004, -0.002]}
+    for seq, diffs in deltas.items():
+        for seed, diff in enumerate(diffs, 1):
+            config = f"model:\n  sequence_len: {seq}\n  n_head: 4\ntrain:\n  max_steps: 20\n  cpu_threads: {seed}\n"
+            make_run(study, f"{seq}-b{seed}", seed=seed, final_bpb=0.9, config=config)
+            make_run(study, f"{seq}-x{seed}", alpha=1.0, seed=seed, final_bpb=0.9 + diff, config=config)
+    config = "model:\n  sequence_len: 128\n  n_head: 4\ntrain:\n  max_steps: 20\n  cpu_threads: 1\n"
+    make_run(study, "adamw-b1", optim="adamw", final_bpb=0.9, config=config)
+    make_run(study, "adamw-x1", optim="adamw", alpha=1.0, final_bpb=0.95, config=config)
+    report = build_report([study], tmp_path / "out")
+    got = csv_rows(report)
+    for seq, diffs in deltas.items():
+        depth = f"d12 · sequence_len={seq}"
+        assert got[depth, XSA, "val/bpb", "paired_delta"] == pytest.approx(np.mean(diffs))
+        assert got[depth, XSA, "val/bpb", "sequence_len"] == seq
+    assert got["d12 · sequence_len=128", "adamw · α=1 · layers=all · value=mixed", "val/bpb", "delta"] == pytest.approx(0.05)
+    text = report.read_text()
+    sections = [line for line in text.splitlines() if line.startswith("## Depth")]
+    assert sections == ["## Depth `d12 · sequence_len=128`", "## Depth `d12 · sequence_len=512`",
+                        "## Depth `d12 · sequence_len=1024`"]  # n_head and cpu_threads (not a setting) do not split
+    assert "## Δ val/bpb vs sequence_len (`model.sequence_len`)" in text
+    assert f"| {XSA} · d12 | 1024 | 1,000 | −0.0030 |" in text and "Scale" not in text
+    assert is_png(report.parent / "plots" / "trend_sequence_len.png")
+
+
+def test_learnable_arms_differ_by_parametrization(tmp_path):
+    study = tmp_path / "study"
+    make_run(study, "b", final_bpb=0.9)
+    make_run(study, "s", alpha=0.5, learnable=True, final_bpb=0.91, config="  parametrization: sigmoid\n")
+    make_run(study, "t", alpha=0.0, learnable=True, final_bpb=0.89, config="  parametrization: tanh\n")
+    got = numbers(build_report([study], tmp_path / "out"))
+    assert got["muon · learnable α (init 0.5) · layers=all · value=mixed", "val/bpb", "delta"] == pytest.approx(0.01)
+    assert got["muon · learnable α = tanh(θ) (init 0) · layers=all · value=mixed", "val/bpb", "delta"] == \
+        pytest.approx(-0.01)
+
+
 def test_step_time_ratio(tmp_path):
     study = tmp_path / "study"
     for seed, (base, xsa) in enumerate(((1000.0, 800.0), (1200.0, 1000.0), (900.0, 700.0)), 1):

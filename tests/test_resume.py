@@ -90,7 +90,7 @@ def test_every_preemption_signal_gets_the_same_handler_for_the_run_and_the_old_o
 
     signums = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
     before = {s: signal.getsignal(s) for s in signums}
-    callback = PreemptionCheckpoint("unused")
+    callback = PreemptionCheckpoint("unused", None)
     callback.on_train_start(SimpleNamespace(global_step=0), None)
     assert all(signal.getsignal(s) == callback._request for s in signums)
     callback.hand_over()  # not stopped: only restores

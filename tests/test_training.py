@@ -174,7 +174,30 @@ def test_non_finite_loss_stops_the_run_naming_the_step(small_cfg, tmp_path, monk
     with pytest.raises(FloatingPointError, match="non-finite loss at step 3"):
         train(small_cfg(), tmp_path / "run")
     status = json.loads((tmp_path / "run" / "status.json").read_text())
-    assert status["status"] == "failed" and status["step"] == 2 and "non-finite loss" in status["error"]
+    assert status["status"] == "failed" and status["step"] == 3 and "non-finite loss" in status["error"]
+
+
+def test_a_non_finite_update_never_reaches_the_weights_and_is_reported_at_the_next_host_sync(small_cfg, tmp_path,
+                                                                                         monkeypatch):
+    """The skip is decided on the device: step 3's update is a no-op, steps 4 and 5 train on, and the run stops at
+    step 5, its first host-sync step (console line), naming step 3, with finite weights."""
+    from xsa_exp.lightning_module import LanguageModel
+
+    seen = {}
+    real_pop = LanguageModel.pop_update_stats
+
+    def pop(self):
+        seen.setdefault("weights", {})[self.trainer.global_step] = [p.detach().clone() for p in self.parameters()]
+        return real_pop(self)
+
+    monkeypatch.setattr(LanguageModel, "pop_update_stats", pop)
+    poison_training_micro_batches(monkeypatch, {5})  # step 3
+    with pytest.raises(FloatingPointError, match="non-finite loss at step 3"):
+        train(small_cfg("log.print_every=5", "eval.every=0", "eval.diag_every=0"), tmp_path / "run")
+    assert sorted(seen["weights"]) == [5]
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["status"] == "failed" and status["step"] == 5
+    assert all(torch.isfinite(w).all() for w in seen["weights"][5])
 
 
 def test_non_finite_steps_can_be_skipped_up_to_a_limit(small_cfg, tmp_path, monkeypatch):
@@ -274,3 +297,56 @@ def test_compiled_training_matches_eager_and_evaluates_eagerly(tmp_path):
         eager, compiled = ([float(r[key]) for r in runs[c] if r[key]] for c in (False, True))
         assert len(eager) == len(compiled) > 0 and compiled == pytest.approx(eager, rel=2e-3), key
         assert key != "train/loss" or compiled[0] == pytest.approx(eager[0], rel=1e-6)
+
+
+HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
+              torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.numpy}
+
+
+class CountHostReads(torch.overrides.TorchFunctionMode):
+    """Counts the conversions of a tensor to Python values: on a GPU each one waits for the device."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in HOST_READS:
+            self.reads.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_an_update_between_host_sync_steps_reads_nothing_from_the_device(tmp_path, monkeypatch):
+    """From the end of one update's hooks to the end of the next one's, for every update that is not a host-sync
+    step (console line, evaluation, checkpoint, last step): no tensor becomes a Python value, in our code or
+    Lightning's. The host-sync steps do read (the test would see them), and the log still has every row."""
+    import lightning as L
+
+    from tests.conftest import SMALL, compose_config
+    from xsa_exp import training
+
+    counts: dict[int, list[str]] = {}
+
+    class Counter(L.Callback):  # last: it sees everything the other callbacks do at the end of an update
+        mode = None
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            step = trainer.global_step
+            if self.mode is not None and step != self.step:
+                self.mode.__exit__(None, None, None)
+                counts[self.step + 1] = self.mode.reads
+                self.mode = None
+            if self.mode is None and not trainer.max_steps == step:
+                self.step, self.mode = step, CountHostReads()
+                self.mode.__enter__()
+
+    real_build = training.build_callbacks
+    monkeypatch.setattr(training, "build_callbacks", lambda *a: real_build(*a) + [Counter()])
+    cfg = compose_config(*SMALL, "train.max_steps=12", "log.print_every=4", "eval.every=6", "eval.diag_every=0",
+                         "train.grad_clip=1.0", "train.skip_nonfinite_steps=1")
+    rows = [r for r in read_rows(train(cfg, tmp_path / "run")) if r["train/loss"]]
+    assert [int(r["step"]) for r in rows] == list(range(1, 13))
+    sync_steps = {4, 6, 8, 12}
+    assert all(counts[s] for s in sync_steps if s in counts)  # the counter sees the reads where there are some
+    quiet = {s: reads for s, reads in counts.items() if s not in sync_steps}
+    assert sorted(quiet) == [1, 2, 3, 5, 7, 9, 10, 11] and all(not reads for reads in quiet.values()), quiet

@@ -97,13 +97,25 @@ def tiny_model(seed=0, **xsa):
     return model
 
 
-def test_model_alpha_zero_is_bit_identical_to_standard_attention():
+@pytest.mark.parametrize("autocast", [False, True])
+def test_model_alpha_zero_through_the_op_is_bit_identical_to_standard_attention(monkeypatch, autocast):
+    """A fixed alpha of 0 skips the op (XSASettings.on); forced to run it anyway, the op must still give standard
+    attention's logits bit for bit, in fp32 and under bf16 autocast (its fp32 round trip is exact)."""
     idx = torch.randint(0, 300, (2, 32))
     standard = tiny_model(layers=[])
+    monkeypatch.setattr(XSASettings, "on", lambda self, layer: layer in self.layers)
     alpha_zero = tiny_model(layers=[0, 1, 2], alpha=0.0)
     full = tiny_model(layers=[0, 1, 2], alpha=1.0)
-    assert torch.equal(standard(idx), alpha_zero(idx))
-    assert not torch.equal(standard(idx), full(idx))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        assert torch.equal(standard(idx), alpha_zero(idx))
+        assert not torch.equal(standard(idx), full(idx))
+
+
+def test_the_op_computes_in_the_inputs_precision_when_above_fp32():
+    y, v = rand(2, 3, 5, 8).double(), rand(2, 3, 5, 8, seed=1).double()
+    assert torch.equal(exclusive_self_attention(y, v, 0.0), y)
+    z = exclusive_self_attention(y, v, 1.0)
+    assert z.dtype == torch.float64 and (z * v).sum(-1).abs().max() < 1e-12
 
 
 def block_outputs(model, idx) -> list[torch.Tensor]:

@@ -52,12 +52,25 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-class UpdateClock(L.Callback):
-    """When the previous update's hooks (evaluations, checkpoints) ended, on a synchronized clock; it goes after
-    every other callback. An update's wall time runs from there to the end of its optimizer step: the data wait,
-    forward, backward and the optimizer's queued kernels, and nothing that runs between updates."""
+class HostSync:
+    """The updates after which the host reads the device: console lines, evaluations, checkpoints (every N steps for
+    each N given) and the last step. In between, an update only queues its work: the train rows, the update clock
+    and the preemption check all wait for the next of these, so a steady-state update has no device-to-host read."""
 
-    def __init__(self):
+    def __init__(self, intervals: list[int]):
+        self.intervals = [k for k in intervals if k > 0]
+
+    def due(self, step: int, max_steps: int) -> bool:
+        return step == max_steps or any(step % k == 0 for k in self.intervals)
+
+
+class UpdateClock(L.Callback):
+    """When the last host-sync update's hooks (evaluations, checkpoints) ended, on a synchronized clock; it goes after
+    every other callback. The updates since then took `elapsed` seconds: their data waits, forwards, backwards and
+    the optimizer's queued kernels, and nothing that runs between updates (which only host-sync updates have)."""
+
+    def __init__(self, sync: HostSync):
+        self.sync = sync
         self.boundary, self.last_step = 0.0, 0
 
     def elapsed(self, device) -> float:
@@ -67,14 +80,16 @@ class UpdateClock(L.Callback):
         self.last_step, self.boundary = trainer.global_step, synchronized_time(pl_module.device)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step != self.last_step:  # an update ended
-            self.last_step, self.boundary = trainer.global_step, synchronized_time(pl_module.device)
+        step = trainer.global_step
+        if step != self.last_step and self.sync.due(step, trainer.max_steps):
+            self.last_step, self.boundary = step, synchronized_time(pl_module.device)
 
 
 class TrainMetrics(L.Callback):
-    """One CSV/wandb row per optimizer update: loss, smoothed loss, lrs, Muon momentum, grad norm, tokens/sec (by
-    the UpdateClock), MFU (where the device's peak FLOP/s is known) and peak memory; the console line adds the
-    time left (wall time so far per update, evaluations included, x updates left)."""
+    """One CSV/wandb row per optimizer update, written at the next host-sync update: loss, smoothed loss, lrs, Muon
+    momentum, grad norm, tokens/sec (over the updates since the last host sync, by the UpdateClock), MFU (where the
+    device's peak FLOP/s is known) and peak memory; the console line adds the time left (wall time so far per update,
+    evaluations included, x updates left)."""
 
     def __init__(self, tokens_per_step: int, ema_beta: float, print_every: int, clock: UpdateClock,
                  flops_per_token: int, peak_flops: float | None):
@@ -99,7 +114,8 @@ class TrainMetrics(L.Callback):
         return {"ema_value": self.ema.value, "ema_count": self.ema.count}
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        # Rows of the checkpointed steps reach the disk with it; a resumed run keeps exactly those.
+        # Rows of the checkpointed steps reach the disk with it (checkpoints are host-sync steps, so all are
+        # written by now); a resumed run keeps exactly those.
         for logger in trainer.loggers:
             logger.save()
 
@@ -108,18 +124,24 @@ class TrainMetrics(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if step == self.last_step:  # still accumulating gradients for this update
-            return
-        tokens_per_sec = self.tokens_per_step / self.clock.elapsed(pl_module.device)
-        stats = pl_module.pop_update_stats()
-        loss = stats.pop("loss")
-        # A skipped non-finite step would poison the average for good; it keeps its last value instead.
-        row = {"train/loss": loss, "train/loss_smooth": self.ema.update(loss) if math.isfinite(loss) else self.ema.current(),
-               "train/tokens_per_sec": tokens_per_sec, "train/peak_memory_gb": peak_memory_gb(pl_module.device)}
+        if step != self.last_step and self.clock.sync.due(step, trainer.max_steps):
+            self.flush(trainer, pl_module)  # else mid-accumulation, or an update whose row waits for the next host sync
+
+    def flush(self, trainer, pl_module) -> None:
+        """Log the rows of the updates since the last flush (and print the console line on a printing step). Called
+        at host-sync steps, and before a preemption checkpoint, whose state and log must hold every finished update."""
+        step = trainer.global_step
+        tokens_per_sec = self.tokens_per_step * (step - self.clock.last_step) / self.clock.elapsed(pl_module.device)
+        machine = {"train/tokens_per_sec": tokens_per_sec, "train/peak_memory_gb": peak_memory_gb(pl_module.device)}
         if self.peak_flops:  # per device: the global token rate is shared by world_size devices
-            row["train/mfu"] = tokens_per_sec * self.flops_per_token / (self.peak_flops * trainer.world_size)
-        row.update({f"train/{k}": v for k, v in stats.items()})
-        log_row(trainer, row, step, self.tokens_per_step)
+            machine["train/mfu"] = tokens_per_sec * self.flops_per_token / (self.peak_flops * trainer.world_size)
+        for stats in pl_module.pop_update_stats():
+            loss = stats.pop("loss")
+            # A skipped non-finite step would poison the average for good; it keeps its last value instead.
+            row = {"train/loss": loss,
+                   "train/loss_smooth": self.ema.update(loss) if math.isfinite(loss) else self.ema.current(), **machine}
+            row.update({f"train/{k}": v for k, v in stats.items() if k != "step"})
+            log_row(trainer, row, stats["step"], self.tokens_per_step)
         if step % self.print_every == 0 or step == trainer.max_steps:
             mfu = f" | mfu {row['train/mfu']:.1%}" if "train/mfu" in row else ""
             rank_zero_info(f"step {step:>6}/{trainer.max_steps} | loss {row['train/loss']:.4f} "
@@ -263,10 +285,13 @@ class PreemptionCheckpoint(L.Callback):
     The handlers are ours from the start of training (replacing Lightning's SIGTERM handler, which would
     broadcast from inside a signal handler); before that the previous ones act at once, since there is
     no progress to save yet. Under DDP rank 0's signal is broadcast at every update, so every rank stops
-    after the same update and none is left waiting in a collective."""
+    after the same update and none is left waiting in a collective. On one device the check reads only a Python
+    flag; under DDP the broadcast is a host sync at every update (as is Lightning's own SIGTERM broadcast there),
+    which keeps the time from the signal to the checkpoint at one update: a time limit gives a fixed warning time.
+    """
 
-    def __init__(self, run_dir):
-        self.run_dir = run_dir
+    def __init__(self, run_dir, metrics: TrainMetrics):
+        self.run_dir, self.metrics = run_dir, metrics
         self.received: signal.Signals | None = None
         self.stopped_at: int | None = None
         # Made before the Trainer, so these are the launcher's handlers (submitit's), not Lightning's.
@@ -291,6 +316,8 @@ class PreemptionCheckpoint(L.Callback):
         if received and step < trainer.max_steps:
             self.received = signal.Signals(received)
             path = rd.step_checkpoint(self.run_dir, step)
+            if self.metrics.last_step != step:
+                self.metrics.flush(trainer, pl_module)
             trainer.save_checkpoint(path)
             rank_zero_info(f"{self.received.name} received: saved {path} and stopping; continue with resume=auto")
             self.stopped_at = step

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -35,46 +37,58 @@ class LanguageModel(L.LightningModule):
         self.skipped_steps = checkpoint.get("xsa_exp", {}).get("skipped_steps", 0)
 
     def _reset_update_stats(self) -> None:
-        self._loss_sum = torch.zeros(())
+        self._loss_sum: torch.Tensor | None = None
         self._micro_batches = 0
-        self._update = {}
+        self._pending: list[dict] = []  # the updates since the last pop_update_stats, as device tensors and floats
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self.train_forward(*inputs_and_targets(batch))
-        self._loss_sum = self._loss_sum.to(loss.device) + loss.detach()
+        self._loss_sum = loss.detach() if self._loss_sum is None else self._loss_sum + loss.detach()
         self._micro_batches += 1
         return loss
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        # Called once per update, after the last micro-batch's backward and before clipping.
+        # Called once per update, after the last micro-batch's backward and before clipping. Nothing here reads a
+        # device value: a non-finite loss or gradient sets the optimizer's found_inf, which skips the update on the
+        # device (weights and state unchanged); pop_update_stats counts the skips against the budget.
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads)
-        if not (torch.isfinite(grad_norm) and torch.isfinite(self._loss_sum)):
-            what = "loss" if not torch.isfinite(self._loss_sum) else "gradient"
-            step = self.trainer.global_step + 1
-            if self.skipped_steps >= self.max_skipped_steps:
-                # Stop before the bad update reaches the weights; the last checkpoint stays the last good state.
-                raise FloatingPointError(f"non-finite {what} at step {step}; lower the learning rates, enable "
-                                         "train.grad_clip, or allow train.skip_nonfinite_steps")
-            # Skip: no parameter has a gradient, so the optimizer leaves weights and state untouched.
-            self.skipped_steps += 1
-            for p in self.parameters():
-                p.grad = None
-            rank_zero_warn(f"non-finite {what} at step {step}: update skipped "
-                           f"({self.skipped_steps} of train.skip_nonfinite_steps={self.max_skipped_steps})")
-        self._update["skipped_steps"] = self.skipped_steps
-        self._update["grad_norm"] = grad_norm
+        loss = self._loss_sum / self._micro_batches
+        optimizer.found_inf = (~(torch.isfinite(grad_norm) & torch.isfinite(loss))).float()
+        update = {"loss": loss, "grad_norm": grad_norm, "found_inf": optimizer.found_inf,
+                  "step": self.trainer.global_step + 1}
         for group in optimizer.param_groups:
-            self._update[f"lr/{group['role']}"] = group["lr"]
+            update[f"lr/{group['role']}"] = group["lr"]
             if group["algorithm"] == "muon":
-                self._update["muon_momentum"] = group["momentum"]
+                update["muon_momentum"] = group["momentum"]
+        self._pending.append(update)
+        self._loss_sum, self._micro_batches = None, 0
 
-    def pop_update_stats(self) -> dict[str, float]:
-        """Mean train loss over the micro-batches (and ranks) of the update just taken, its grad norm and lrs."""
-        loss = self.trainer.strategy.reduce(self._loss_sum / self._micro_batches, reduce_op="mean")
-        stats = {"loss": loss.item(), **{k: float(v) for k, v in self._update.items()}}
-        self._reset_update_stats()
+    def pop_update_stats(self) -> list[dict[str, float]]:
+        """The updates taken since the last call, in order: mean train loss over the micro-batches (and ranks), grad
+        norm, lrs and the skips so far, read from the device in one go. A skip beyond train.skip_nonfinite_steps raises
+        FloatingPointError naming its step (its update never reached the weights)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return []
+        losses = self.trainer.strategy.reduce(torch.stack([u["loss"] for u in pending]), reduce_op="mean")
+        values = torch.stack([losses, *(torch.stack([u[k] for u in pending]) for k in ("grad_norm", "found_inf"))], 1)
+        stats = []
+        for update, (loss, grad_norm, found_inf) in zip(pending, values.tolist()):
+            if found_inf:
+                self._count_skip(update["step"], "loss" if not math.isfinite(loss) else "gradient")
+            fixed = {k: float(v) for k, v in update.items() if k not in ("loss", "grad_norm", "found_inf", "step")}
+            stats.append({"step": update["step"], "loss": loss, "grad_norm": grad_norm,
+                          "skipped_steps": float(self.skipped_steps), **fixed})
         return stats
+
+    def _count_skip(self, step: int, what: str) -> None:
+        if self.skipped_steps >= self.max_skipped_steps:
+            raise FloatingPointError(f"non-finite {what} at step {step}; lower the learning rates, enable "
+                                     "train.grad_clip, or allow train.skip_nonfinite_steps")
+        self.skipped_steps += 1
+        rank_zero_warn(f"non-finite {what} at step {step}: update skipped "
+                       f"({self.skipped_steps} of train.skip_nonfinite_steps={self.max_skipped_steps})")
 
     def configure_optimizers(self):
         optimizer = MuonAdamW(build_param_groups(self.model, self.optim_cfg))

@@ -107,6 +107,8 @@ class AdamWConfig:
     eps: float = key(1e-10, "AdamW epsilon", gt=0)
     weight_decay: float = key(0.0, "weight decay of the AdamW groups", ge=0)
     matrix_weight_decay: float = key(0.0, "weight decay of hidden matrices when matrix_algorithm=adamw", ge=0)
+    fused: bool = key(True, "torch's fused AdamW kernel (one pass; skips a non-finite update on the device); false: "
+                            "torch's foreach path, which differs from it in the last bit (the committed study's)")
 
 
 @dataclass

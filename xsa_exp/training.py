@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp import run_dir as rd
 from xsa_exp.cluster import cluster_plugins, device_peak_flops, export_submitit_local_ranks
-from xsa_exp.callbacks import (AttentionDiagnostics, CoreEvaluation, PeriodicCheckpoint, PreemptionCheckpoint,
+from xsa_exp.callbacks import (AttentionDiagnostics, CoreEvaluation, HostSync, PeriodicCheckpoint, PreemptionCheckpoint,
                                TrainMetrics, UpdateClock, ValidationBPB)
 from xsa_exp.console import quiet_libraries, quiet_wandb_logger
 from xsa_exp.config import ConfigError, grad_accumulation, validate, world_size
@@ -230,19 +230,22 @@ def load_base_run(cfg: DictConfig, model: GPT) -> LoadedRun | None:
 def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT) -> list[L.Callback]:
     """Train metrics first, so each step's train row precedes its evaluation rows; the periodic
     checkpoint after them, so it is taken after every row of its step is logged; the update clock
-    last, so the next update's time starts after all of them."""
+    last, so the next update's time starts after all of them. Every step with a console line, an evaluation or a
+    checkpoint is a host-sync step; the updates between them never wait for the device."""
     tokens = cfg.train.total_batch_tokens
     e = cfg.eval
     bundle = require_bundle(e.bundle_dir, f"eval.core_every={e.core_every}", "use eval.core_every=0") if e.core_every > 0 else None
-    clock = UpdateClock()
+    sync = HostSync([cfg.log.print_every, e.every, e.diag_every, e.core_every, cfg.train.checkpoint_every])
+    clock = UpdateClock(sync)
     peak = device_peak_flops(torch.device("cuda" if accelerator_is_cuda(cfg.trainer) else "cpu"), cfg.train.peak_flops)
-    callbacks = [TrainMetrics(tokens, cfg.log.ema_beta, cfg.log.print_every, clock, model.flops_per_token(), peak),
+    metrics = TrainMetrics(tokens, cfg.log.ema_beta, cfg.log.print_every, clock, model.flops_per_token(), peak)
+    callbacks = [metrics,
                  ValidationBPB(e.every, e.val_tokens, tokens),
                  AttentionDiagnostics(e.diag_every, tokens, e.diag_rows, run_dir),
                  CoreEvaluation(e.core_every, tokens, bundle, e.core_max_per_task)]
     if cfg.train.checkpoint_every > 0:
         callbacks.append(PeriodicCheckpoint(run_dir, cfg.train.checkpoint_every, cfg.train.keep_checkpoints))
-    callbacks += [PreemptionCheckpoint(run_dir), clock]
+    callbacks += [PreemptionCheckpoint(run_dir, metrics), clock]
     return callbacks
 
 

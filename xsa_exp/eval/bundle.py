@@ -140,18 +140,16 @@ def check_fields(item: dict, fields: Sequence[str], kind: str, where: str) -> No
 def main(argv: Sequence[str] | None = None, prog: str = "python -m xsa_exp.eval.bundle") -> None:
     """`python -m xsa_exp.eval.bundle download [--dest DIR]`: fetch the public eval bundle."""
     import argparse
-    import sys
+
+    from xsa_exp.errors import exit_on_user_error
 
     parser = argparse.ArgumentParser(prog=prog, description="eval bundle tools")
     commands = parser.add_subparsers(dest="command", required=True)
     download = commands.add_parser("download", help=f"download {BUNDLE_URL}")
     download.add_argument("--dest", default=None, help=f"target folder (default: ${BUNDLE_ENV}, else {DEFAULT_BUNDLE_DIR})")
     args = parser.parse_args(argv)
-    try:
+    with exit_on_user_error():
         path = download_bundle(resolve_bundle_dir(args.dest))
-    except BundleError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
     print(f"eval bundle ready at {path}; point eval.bundle_dir or ${BUNDLE_ENV} at it if it is not the default")
 
 

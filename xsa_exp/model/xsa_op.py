@@ -16,14 +16,16 @@ def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor, alpha: float | to
     """Remove alpha times the projection of y onto v along the last dim.
 
     y, v: (B, H, T, D). alpha: a float, or a tensor broadcastable to (B, H, T, 1), e.g. (1, H, 1, 1).
-    The projection and the subtraction run in fp32 and the result is cast once: where y is nearly
-    parallel to v, z is a small difference of large terms, and bf16 rounding of either term would
-    leave a visible component along v. The clamp keeps v = 0 finite (the projection is then 0 and z = y).
+    The projection and the subtraction run in fp32 (or the inputs' precision, where higher) and the result
+    is cast once: where y is nearly parallel to v, z is a small difference of large terms, and bf16 rounding
+    of either term would leave a visible component along v. The clamp keeps v = 0 finite (the projection is
+    then 0 and z = y).
     """
-    y32, v32 = y.float(), v.float()
-    dot = (y32 * v32).sum(dim=-1, keepdim=True)
-    norm_sq = (v32 * v32).sum(dim=-1, keepdim=True).clamp_min(eps)
-    return (y32 - (alpha * dot / norm_sq) * v32).to(y.dtype)
+    compute = torch.promote_types(torch.promote_types(y.dtype, v.dtype), torch.float32)
+    yc, vc = y.to(compute), v.to(compute)
+    dot = (yc * vc).sum(dim=-1, keepdim=True)
+    norm_sq = (vc * vc).sum(dim=-1, keepdim=True).clamp_min(eps)
+    return (yc - (alpha * dot / norm_sq) * vc).to(y.dtype)
 
 
 def learnable_alpha(theta: torch.Tensor, parametrization: str) -> torch.Tensor:

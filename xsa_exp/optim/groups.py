@@ -25,6 +25,6 @@ def build_param_groups(model, optim_cfg) -> list[dict]:
             lr *= width_scale
         wd = float(adamw.matrix_weight_decay if role == "matrix" else adamw.weight_decay)
         groups.append(dict(role=role, algorithm="adamw", params=params, lr=lr, betas=tuple(adamw.betas),
-                           eps=float(adamw.eps), weight_decay=wd))
+                           eps=float(adamw.eps), weight_decay=wd, fused=bool(adamw.fused)))
     return groups
 

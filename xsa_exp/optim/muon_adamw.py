@@ -3,14 +3,21 @@
 Lightning's automatic optimization takes a single optimizer, so both algorithms live here as
 param groups tagged `algorithm: "muon" | "adamw"`. `step(closure)` calls the closure first, which
 is what lets Lightning run the forward/backward, gradient accumulation and clipping inside it.
+
+A whole update is skipped when `found_inf` is set (a 0-dim tensor on the device, 1 for a non-finite
+loss or gradient, set by the training loop before each step, as torch's GradScaler does for fused
+optimizers): weights and optimizer state stay as they were. Muon masks on the device and fused AdamW
+takes the flag in its kernel, so the step needs no host read; only the foreach AdamW path reads it.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 
 import torch
 import torch.distributed as dist
+from torch.optim.adamw import adamw
 
 # Keller Jordan's quintic, maximising the slope at zero (same as torch.optim.Muon).
 QUINTIC_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -27,31 +34,37 @@ POLAR_EXPRESS_COEFFICIENTS = (
 
 def orthogonalize(g: torch.Tensor, ns_steps: int = 5, coefficients: str = "quintic",
                   dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Approximate U V^T of g = U S V^T by Newton-Schulz iterations, in bf16 by default.
+    """Approximate U V^T of each matrix g = U S V^T (g: one matrix, or a stack of equal shape) by Newton-Schulz
+    iterations, in bf16 by default; a stack runs as batched matmuls, each matrix normalised on its own.
 
     The quintic path in bf16 uses the same operations and order as torch.optim.Muon, so a step matches
     it. fp32 costs more but does not amplify last-bit differences in g (e.g. from a different
     gradient summation order across devices) into bf16 rounding flips.
     """
     x = g.to(dtype)
-    transposed = g.size(0) > g.size(1)
+    if g.ndim == 2:
+        x = x[None]
+    transposed = g.size(-2) > g.size(-1)
     if transposed:
-        x = x.T
+        x = x.mT
     if coefficients == "polar_express":
-        x = x / (x.norm() * 1.02 + 1e-6)
+        x = x / (x.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
         schedule = [POLAR_EXPRESS_COEFFICIENTS[min(i, len(POLAR_EXPRESS_COEFFICIENTS) - 1)] for i in range(ns_steps)]
     else:
-        x = x / x.norm().clamp(min=1e-7)
+        x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-7)
         schedule = [QUINTIC_COEFFICIENTS] * ns_steps
     for a, b, c in schedule:
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if transposed else x
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    if transposed:
+        x = x.mT
+    return x[0] if g.ndim == 2 else x
 
 
 class MuonAdamW(torch.optim.Optimizer):
     """Param groups carry `algorithm`; Muon groups: lr, momentum, nesterov, ns_steps, ns_coefficients,
-    ns_dtype (optional, "bfloat16" by default), sharded (optional), weight_decay; AdamW groups: lr, betas, eps, weight_decay. Both use decoupled weight decay."""
+    ns_dtype (optional, "bfloat16" by default), sharded (optional), weight_decay; AdamW groups: lr, betas,
+    eps, weight_decay, fused (optional, False by default). Both use decoupled weight decay."""
 
     def __init__(self, param_groups: list[dict]):
         for group in param_groups:
@@ -60,6 +73,7 @@ class MuonAdamW(torch.optim.Optimizer):
             if group["algorithm"] == "muon" and any(p.ndim != 2 for p in group["params"]):
                 raise ValueError(f"param group {group.get('role')!r}: Muon takes 2-D matrices only")
         super().__init__(param_groups, defaults={})
+        self.found_inf: torch.Tensor | None = None
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -82,43 +96,56 @@ class MuonAdamW(torch.optim.Optimizer):
         # broadcasts it; momentum (cheap) is still kept on every rank, so all states stay identical.
         sharded = group.get("sharded", False) and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
-        updates = []
+        # On a skipped update the gradients count as zero and the momentum moves by a weight of 0 (so it is unchanged,
+        # bit for bit); the update is multiplied by 0. Otherwise every value is what the unmasked step computes.
+        keep = None if self.found_inf is None else 1 - self.found_inf
+        kept = None if keep is None else keep.bool()
+        updates: list[torch.Tensor | None] = [None] * len(params)
+        owned_by_shape = defaultdict(list)
         for i, p in enumerate(params):
             state = self.state[p]
             if not state:
                 state["momentum_buffer"] = torch.zeros_like(p)
-            buf = state["momentum_buffer"]
-            buf.lerp_(p.grad, 1 - momentum)
+            grad = p.grad if kept is None else torch.where(kept, p.grad, 0)
+            state["momentum_buffer"].lerp_(grad, 1 - momentum if keep is None else keep * (1 - momentum))
             if i % world == rank:
-                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-                update = orthogonalize(update, group["ns_steps"], group["ns_coefficients"], ns_dtype)
-                updates.append(update.contiguous() if sharded else update)  # broadcast sends raw memory
+                owned_by_shape[p.shape].append((i, grad))
             else:
-                updates.append(torch.empty(p.shape, dtype=ns_dtype, device=p.device))
-        if sharded:
+                updates[i] = torch.empty(p.shape, dtype=ns_dtype, device=p.device)
+        for shape, owned in owned_by_shape.items():  # one stacked Newton-Schulz per shape
+            stacked = torch.empty((len(owned), *shape), dtype=owned[0][1].dtype, device=owned[0][1].device)
+            for row, (i, grad) in zip(stacked, owned):  # the Nesterov (or plain) momentum, written into its row
+                buf = self.state[params[i]]["momentum_buffer"]
+                torch.lerp(grad, buf, momentum, out=row) if group["nesterov"] else row.copy_(buf)
+            stacked = orthogonalize(stacked, group["ns_steps"], group["ns_coefficients"], ns_dtype)
+            if keep is not None:
+                stacked.mul_(keep)
+            for (i, _), update in zip(owned, stacked.unbind(0)):
+                updates[i] = update
+        if sharded:  # broadcast sends raw memory: each matrix contiguous
+            updates = [u.contiguous() for u in updates]
             for handle in [dist.broadcast(u, src=i % world, async_op=True) for i, u in enumerate(updates)]:
                 handle.wait()
         for p, update in zip(params, updates):
-            p.mul_(1 - lr * wd)
+            if wd:
+                p.mul_(1 - lr * wd if keep is None else torch.where(keep.bool(), 1 - lr * wd, 1.0))
             p.add_(update.to(p.dtype), alpha=-lr * math.sqrt(max(1.0, p.size(0) / p.size(1))))
 
     def _adamw_step(self, group: dict) -> None:
-        lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
+        fused = group.get("fused", False)
+        if not fused and self.found_inf is not None and self.found_inf.item():
+            return  # the foreach path cannot take the flag on the device
+        params = [p for p in group["params"] if p.grad is not None]
+        for p in params:
             state = self.state[p]
             if not state:
-                state["step"] = torch.zeros((), dtype=torch.float32)
+                # The fused kernel keeps its step count on the device; the foreach path reads it on the host.
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if fused else "cpu")
                 state["exp_avg"] = torch.zeros_like(p)
                 state["exp_avg_sq"] = torch.zeros_like(p)
-            state["step"] += 1
-            step = state["step"].item()
-            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-            exp_avg.lerp_(p.grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-            bias_correction1 = 1 - beta1**step
-            bias_correction2_sqrt = math.sqrt(1 - beta2**step)
-            p.mul_(1 - lr * wd)
-            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-            p.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
+        states = [self.state[p] for p in params]
+        beta1, beta2 = group["betas"]
+        adamw(params, [p.grad for p in params], [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [],
+              [s["step"] for s in states], foreach=not fused, fused=fused,
+              found_inf=self.found_inf if fused else None, amsgrad=False, beta1=beta1, beta2=beta2,
+              lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)

@@ -10,7 +10,8 @@ from pathlib import Path
 from xsa_exp.errors import exit_on_user_error
 from xsa_exp.report import compare as cmp
 from xsa_exp.report import plots, render
-from xsa_exp.report.runs import Problem, ReportError, RunProblem, discover, incomplete_reason, load_run
+from xsa_exp.report.runs import (Problem, ReportError, Run, RunProblem, assign_settings, discover, incomplete_reason,
+                                 load_run, setting_name)
 from xsa_exp.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 
 DESCRIPTION = "The study's report: tables, statistics and plots from run directories."
@@ -28,6 +29,39 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
         raise ReportError(f"{out_dir} already exists and is not empty; nothing was overwritten "
                           "(choose another --out, or pass --force)")
+    loaded, problems = load_runs(paths)
+    runs = [run for run in loaded if run.complete]
+    results = cmp.compare(runs, baseline_alpha)
+
+    plots_dir = out_dir / "plots"
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    for stale in plots_dir.glob("*.png"):  # --force: no plot of an earlier report may pass for this one's
+        stale.unlink()
+    out = render.Numbers()
+    render.results_numbers(results, out)
+    sections = depth_sections(results, cmp.stability(loaded, results), plots_dir, out)
+    trends = trend_sections(results, plots_dir, out)
+
+    with open(out_dir / "numbers.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["depth", "arm", "metric", "statistic", "value"])
+        writer.writerows(out)
+    baseline = "no XSA (α = 0 or no XSA layers)" if baseline_alpha == 0 else f"α = {baseline_alpha:g}"
+    head = ["# XSA study report", "",
+            f"From {', '.join(f'`{p}`' for p in paths)}: {len(runs)} complete runs, {len(problems)} missing or failed. "
+            f"Baseline: {baseline}, same depth, optimizer and lr scale. Arms pool their seeds. CIs are 95%: "
+            f"t-intervals over seeds; CORE and ChatCORE also get a paired bootstrap over examples "
+            f"({BOOTSTRAP_RESAMPLES} resamples within tasks, seed {BOOTSTRAP_SEED}). numbers.csv holds every number "
+            "below.", ""]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(head + sections) + "\n" + trends
+                      + render.runs_section(sorted(runs, key=lambda r: r.label), problems))
+    return report
+
+
+def load_runs(paths: list[Path]) -> tuple[list[Run], list[Problem]]:
+    """Every run under `paths` that could be read (complete or not, with its settings assigned), and the problems:
+    sweep jobs that never became runs, unreadable and incomplete runs."""
     run_dirs, sweep_problems = discover(paths)
     if not run_dirs and not sweep_problems:
         raise ReportError(f"no run directories (config.yaml + run.json) found under {', '.join(map(str, paths))}")
@@ -47,17 +81,12 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
         loaded.append(run)
         if not run.complete:
             problems.append(Problem(run.label, incomplete_reason(run)))
-    problems.sort(key=lambda p: p.label)
-    runs = [run for run in loaded if run.complete]
-    results = cmp.compare(runs, baseline_alpha)
-    stability = cmp.stability(loaded, results)
+    assign_settings(loaded)
+    return loaded, sorted(problems, key=lambda p: p.label)
 
-    plots_dir = out_dir / "plots"
-    plots_dir.mkdir(parents=True, exist_ok=True)
-    for stale in plots_dir.glob("*.png"):  # --force: no plot of an earlier report may pass for this one's
-        stale.unlink()
-    out = render.Numbers()
-    render.results_numbers(results, out)
+
+def depth_sections(results: list[cmp.ArmResult], stability: dict, plots_dir: Path, out: render.Numbers) -> list[str]:
+    """One section per depth (and setting): tables, statistics, diagnostics and plots."""
     sections = []
     for depth in dict.fromkeys(r.depth for r in results):
         at_depth = [r for r in results if r.depth == depth]
@@ -82,26 +111,21 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
             *render.diagnostics_section(depth, at_depth, out),
             *render.mechanism_section(depth, at_depth, out),
             *render.plots_section(made)]))
+    return sections
+
+
+def trend_sections(results: list[cmp.ArmResult], plots_dir: Path, out: render.Numbers) -> str:
+    """Δ val/bpb against model size (across depths) and against each setting that varies within a depth."""
     points = cmp.scale_trend(results)
     if points:
-        plots.plot_scale(points, plots_dir / "scale.png")
-    scale = render.scale_section(points, "scale.png" if points else None, out)
-
-    with open(out_dir / "numbers.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["depth", "arm", "metric", "statistic", "value"])
-        writer.writerows(out)
-    baseline = "no XSA (α = 0 or no XSA layers)" if baseline_alpha == 0 else f"α = {baseline_alpha:g}"
-    head = ["# XSA study report", "",
-            f"From {', '.join(f'`{p}`' for p in paths)}: {len(runs)} complete runs, {len(problems)} missing or failed. "
-            f"Baseline: {baseline}, same depth, optimizer and lr scale. Arms pool their seeds. CIs are 95%: "
-            f"t-intervals over seeds; CORE and ChatCORE also get a paired bootstrap over examples "
-            f"({BOOTSTRAP_RESAMPLES} resamples within tasks, seed {BOOTSTRAP_SEED}). numbers.csv holds every number "
-            "below.", ""]
-    report = out_dir / "report.md"
-    report.write_text("\n".join(head + sections) + "\n" + scale
-                      + render.runs_section(sorted(runs, key=lambda r: r.label), problems))
-    return report
+        plots.plot_trend(points, plots_dir / "scale.png", "total parameters", "Δ val bpb (XSA − baseline) vs model size")
+    text = render.scale_section(points, "scale.png" if points else None, out)
+    for key, points in cmp.setting_trends(results).items():
+        name = setting_name(key)
+        plots.plot_trend(points, plots_dir / f"trend_{render.slug(name)}.png", name,
+                         f"Δ val bpb (XSA − baseline) vs {name}")
+        text += render.setting_section(key, points, f"trend_{render.slug(name)}.png", out)
+    return text
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from xsa_exp.report.runs import Arm, Run
+from xsa_exp.report.runs import Arm, Run, setting_name
 from xsa_exp.report.stats import (Estimate, aggregate_of, bootstrap_examples, interaction, mean_ci,
                                   paired_difference, relative_change, run_spikes, seed_differences)
 
@@ -74,12 +74,15 @@ def compare(runs: list[Run], baseline_alpha: float) -> list[ArmResult]:
     groups = defaultdict(list)
     for run in runs:
         groups[run.depth, run.arm].append(run)
-    depth_size = {depth: min(r.n_params for r in runs if r.depth == depth) for depth, _ in groups}
+    size = {base: min(r.n_params for r in runs if r.base_depth == base) for base in {r.base_depth for r in runs}}
+    # Depths by size, then their settings by value (numbers as numbers: 128 before 1024).
+    depth_key = {r.depth: (size[r.base_depth], r.base_depth, tuple((k, sortable(v)) for k, v in r.settings.items()))
+                 for r in runs}
 
     def order(key):
         depth, arm = key
-        return (depth_size[depth], depth, arm.lr_scale, arm.alpha != baseline_alpha, arm.optim, arm.alpha is None,
-                arm.alpha or 0.0, arm.alpha_init or 0.0, arm.layers, arm.value_source)
+        return (depth_key[depth], arm.lr_scale, arm.alpha != baseline_alpha, arm.optim, arm.alpha is None,
+                arm.alpha or 0.0, arm.alpha_init or 0.0, arm.parametrization, arm.layers, arm.value_source)
 
     results = []
     for depth, arm in sorted(groups, key=order):
@@ -205,18 +208,39 @@ def stability(all_runs: list[Run], results: list[ArmResult]) -> dict[str, list[S
 # Scale: Δ val/bpb against model size
 
 
+def sortable(value) -> tuple:
+    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
+
+
 @dataclass
-class ScalePoint:
+class TrendPoint:
+    """One XSA arm's paired Δ val/bpb at one value of a factor: model size across depths, or a setting."""
     depth: str
-    n_params: int
+    x: float | str  # parameters, or the setting's value
     arm: Arm
+    series: str  # the line it belongs to: the arm, and any other setting of its depth
     delta: Estimate  # paired Δ val/bpb over seeds
+    n_params: int
 
 
-def scale_trend(results: list[ArmResult]) -> list[ScalePoint]:
+def scale_trend(results: list[ArmResult]) -> list[TrendPoint]:
     """Paired Δ val/bpb per base depth and XSA arm, by size; [] unless at least two base depths have one."""
-    points = [ScalePoint(r.depth, r.n_params, r.arm, r.paired["val/bpb"]) for r in results
-              if "val/bpb" in r.paired and not r.depth.endswith(" · SFT")]
+    points = [TrendPoint(r.depth, r.n_params, r.arm, r.arm.label, r.paired["val/bpb"], r.n_params) for r in results
+              if "val/bpb" in r.paired and not r.depth.endswith(" · SFT") and not r.runs[0].settings]
     if len({p.depth for p in points}) < 2:
         return []
     return sorted(points, key=lambda p: (p.arm.label, p.n_params))
+
+
+def setting_trends(results: list[ArmResult]) -> dict[str, list[TrendPoint]]:
+    """Setting key -> paired Δ val/bpb of each XSA arm at each of its values (the other settings name the line)."""
+    trends = defaultdict(list)
+    for r in results:
+        if "val/bpb" not in r.paired:
+            continue
+        settings = r.runs[0].settings
+        for key, value in settings.items():
+            others = [f"{setting_name(k)}={v}" for k, v in settings.items() if k != key]
+            series = " · ".join([r.arm.label, r.runs[0].base_depth, *others])
+            trends[key].append(TrendPoint(r.depth, value, r.arm, series, r.paired["val/bpb"], r.n_params))
+    return {key: sorted(points, key=lambda p: (p.series, sortable(p.x))) for key, points in trends.items()}

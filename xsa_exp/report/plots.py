@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from xsa_exp.report.compare import ArmResult, ScalePoint
+from xsa_exp.report.compare import ArmResult, TrendPoint
 from xsa_exp.report.render import REPORTED_DIAGNOSTICS
 from xsa_exp.report.stats import band
 
@@ -116,22 +116,23 @@ def plot_learned_alpha(depth: str, results: list[ArmResult], path: Path) -> bool
     return True
 
 
-def plot_scale(points: list[ScalePoint], path: Path) -> None:
-    """Δ val/bpb (XSA − baseline, paired over seeds, 95% CI) against total parameters, one line per arm."""
+def plot_trend(points: list[TrendPoint], path: Path, xlabel: str, title: str) -> None:
+    """Δ val/bpb (XSA − baseline, paired over seeds, 95% CI) against a factor, one line per series; a numeric
+    factor spanning 4x or more on a log axis, a named one (a corpus) as categories."""
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
     series = defaultdict(list)
     for p in points:
-        series[p.arm.label].append(p)
+        series[p.series].append(p)
     for label, line in sorted(series.items()):
         errors = [[0.0 if p.delta.low is None else p.delta.value - p.delta.low for p in line],
                   [0.0 if p.delta.high is None else p.delta.high - p.delta.value for p in line]]
-        ax.errorbar([p.n_params for p in line], [p.delta.value for p in line], yerr=errors, fmt="o-", capsize=3,
-                    label=label)
+        ax.errorbar([p.x for p in line], [p.delta.value for p in line], yerr=errors, fmt="o-", capsize=3, label=label)
     ax.axhline(0, color="black", lw=0.8)
-    ax.set_xscale("log")
-    ax.set(title="Δ val bpb (XSA − baseline) vs model size (95% CI over seeds)", xlabel="total parameters",
-           ylabel="Δ val bpb")
+    xs = [p.x for p in points]
+    if all(isinstance(x, (int, float)) and x > 0 for x in xs) and max(xs) >= 4 * min(xs):
+        ax.set_xscale("log", base=2 if all(float(x).is_integer() and int(x) & (int(x) - 1) == 0 for x in xs) else 10)
+    ax.set(title=f"{title} (95% CI over seeds)", xlabel=xlabel, ylabel="Δ val bpb")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=110)

@@ -7,8 +7,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from xsa_exp.report.compare import ArmResult, OptimizerInteraction, ScalePoint, StabilityRow, metric_names
-from xsa_exp.report.runs import Problem, Run, describe_scope
+from xsa_exp.report.compare import ArmResult, OptimizerInteraction, StabilityRow, TrendPoint, metric_names
+from xsa_exp.report.runs import Problem, Run, describe_scope, setting_name
 from xsa_exp.report.stats import RELATIVE_MIN_BASELINE, SPIKE_RISE, WARMUP_FRACTION, Estimate
 
 
@@ -245,7 +245,7 @@ def mechanism_section(depth: str, results: list[ArmResult], out: Numbers) -> lis
             md_table(["arm", "tokens/s", "step-time ratio vs baseline"], table), ""]
 
 
-def scale_section(points: list[ScalePoint], plot: str | None, out: Numbers) -> str:
+def scale_section(points: list[TrendPoint], plot: str | None, out: Numbers) -> str:
     if not points:
         return ""
     table = []
@@ -259,6 +259,22 @@ def scale_section(points: list[ScalePoint], plot: str | None, out: Numbers) -> s
              md_table(["arm", "depth", "parameters", "Δ val/bpb", "95% CI", "seeds", "significant?"], table), ""]
     if plot:
         parts += [f"![Δ val bpb vs model size](plots/{plot})", ""]
+    return "\n".join(parts) + "\n"
+
+
+def setting_section(key: str, points: list[TrendPoint], plot: str | None, out: Numbers) -> str:
+    name = setting_name(key)
+    table = []
+    for p in points:
+        table.append([p.series, str(p.x), f"{p.n_params:,}", num(p.delta.value, sign=True), fmt_interval(p.delta),
+                      str(p.delta.n), p.delta.significant])
+        out.add(p.depth, p.arm.label, "val/bpb", name, p.x)
+    parts = [f"## Δ val/bpb vs {name} (`{key}`)", "",
+             "Δ: XSA arm − its baseline arm (same depth and settings, optimizer and lr scale), paired over seeds, "
+             "95% t-CI; one line per arm (and any other setting that varies).", "",
+             md_table(["line", name, "parameters", "Δ val/bpb", "95% CI", "seeds", "significant?"], table), ""]
+    if plot:
+        parts += [f"![Δ val bpb vs {name}](plots/{plot})", ""]
     return "\n".join(parts) + "\n"
 
 

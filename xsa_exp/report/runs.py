@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from xsa_exp import run_dir as rd
 from xsa_exp.errors import UserError
@@ -35,8 +37,11 @@ class Arm:
     lr_scale: float = 1.0  # optim.lr_scale; runs before it existed trained at 1
     alpha_init: float | None = None  # a learnable α's initial value (run.json's alpha); different inits: different arms
 
+    parametrization: str = "sigmoid"  # a learnable α's: sigmoid(θ) | tanh(θ)
+
     @classmethod
-    def of(cls, run: dict) -> Arm:
+    def of(cls, run: dict, parametrization: str = "sigmoid") -> Arm:
+        """From run.json, and the run's xsa.parametrization (config.yaml)."""
         lr_scale = float(run.get("lr_scale", 1.0))
         if not XSASettings(alpha=float(run["alpha"]), learnable=bool(run["learnable"]), layers=list(run["xsa_layers"])).active:
             return cls(run["optim"], 0.0, "", "", lr_scale)
@@ -44,7 +49,7 @@ class Arm:
         if not isinstance(layers, str):  # a list of layer indices, or one index
             layers = ",".join(map(str, layers if isinstance(layers, list) else [layers]))
         if run["learnable"]:
-            return cls(run["optim"], None, layers, run["value_source"], lr_scale, float(run["alpha"]))
+            return cls(run["optim"], None, layers, run["value_source"], lr_scale, float(run["alpha"]), parametrization)
         return cls(run["optim"], float(run["alpha"]), layers, run["value_source"], lr_scale)
 
     @property
@@ -56,7 +61,8 @@ class Arm:
         """The XSA part of the label: "no XSA", "α=1 · layers=all · value=mixed", "learnable α · ..."."""
         if self.off:
             return "no XSA"
-        alpha = f"learnable α (init {self.alpha_init:g})" if self.alpha is None else f"α={self.alpha:g}"
+        form = "" if self.parametrization == "sigmoid" else f" = {self.parametrization}(θ)"
+        alpha = f"learnable α{form} (init {self.alpha_init:g})" if self.alpha is None else f"α={self.alpha:g}"
         return f"{alpha} · layers={self.layers} · value={self.value_source}"
 
     @property
@@ -70,14 +76,20 @@ class Arm:
     @property
     def xsa_key(self) -> tuple:
         """What an arm is apart from its optimizer and learning rate scale."""
-        return self.alpha, self.alpha_init, self.layers, self.value_source
+        return self.alpha, self.alpha_init, self.parametrization, self.layers, self.value_source
+
+
+# Config keys whose values, where they differ between runs of one depth, make those runs different settings (e.g.
+# "tiny · sequence_len=512"), compared and trended apart: the model's shape and switches, the training length and
+# batch, the corpus and the precision. The arm's keys (xsa.*, the optimizer) and the seed are not settings.
+SETTING_KEYS = ("model.", "train.max_steps", "train.total_batch_tokens", "data.name", "trainer.precision")
 
 
 @dataclass
 class Run:
     path: Path
     label: str
-    depth: str
+    depth: str  # the depth preset (and " · SFT"), then each setting that varies: "tiny · sequence_len=512"
     arm: Arm
     seed: int
     n_params: int
@@ -90,6 +102,12 @@ class Run:
     sources: dict[str, str | Path] = field(default_factory=dict)  # metric -> "metrics.csv step N" or eval folder
     val_scope: dict | None = None  # what the final val/bpb covers: {"tokens", "split_tokens", "whole"}
     final_alpha: np.ndarray | None = None  # α per layer and head at the last diagnostics step (learnable runs)
+    config: dict = field(default_factory=dict)  # config.yaml's leaves, by dotted key
+    settings: dict = field(default_factory=dict)  # the SETTING_KEYS leaves that vary among its depth's runs
+
+    @property
+    def base_depth(self) -> str:
+        return stage_depth(self.info)
 
     @property
     def steps(self) -> int:
@@ -173,8 +191,10 @@ def load_run(path: Path, label: str) -> Run:
         else:
             raw = pd.DataFrame({"step": pd.Series(dtype=str)})
         status = rd.read_status(path)
-        arm, depth, seed = Arm.of(info), stage_depth(info), int(info["seed"])
-    except (OSError, ValueError) as e:  # JSONDecodeError and pandas' parser errors are ValueErrors
+        config = leaves(yaml.safe_load((path / rd.CONFIG).read_text()) or {})
+        arm = Arm.of(info, str(config.get("xsa.parametrization", "sigmoid")))
+        depth, seed = stage_depth(info), int(info["seed"])
+    except (OSError, ValueError, yaml.YAMLError) as e:  # JSONDecodeError and pandas' parser errors are ValueErrors
         raise RunProblem(f"unreadable: {type(e).__name__}: {e}") from None
     except KeyError as e:
         raise RunProblem(f"run.json lacks {e}") from None
@@ -185,10 +205,39 @@ def load_run(path: Path, label: str) -> Run:
         raise RunProblem("metrics.csv has no rows")
     n_params = int(info.get("param_counts", {}).get("total", 0))
     run = Run(path, label, depth, arm, seed, n_params, raw.apply(pd.to_numeric, errors="coerce"), raw != "",
-              info=info, complete=complete, status=status)
+              info=info, complete=complete, status=status, config=config)
     add_final_values(run)
     run.final_alpha = last_alpha(path) if arm.alpha is None else None
     return run
+
+
+def leaves(tree: dict, prefix: str = "") -> dict:
+    """{"model.n_head": 4, ...}: the leaves of a nested config, by dotted key."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def assign_settings(runs: list[Run]) -> None:
+    """Give each run the SETTING_KEYS values that vary among the runs of its depth, and a depth label naming them."""
+    by_depth = defaultdict(list)
+    for run in runs:
+        by_depth[run.base_depth].append(run)
+    for group in by_depth.values():
+        keys = sorted({k for run in group for k in run.config if k.startswith(SETTING_KEYS)})
+        varying = [k for k in keys if len({repr(run.config.get(k)) for run in group}) > 1]
+        for run in group:
+            run.settings = {k: run.config.get(k) for k in varying}
+            run.depth = " · ".join([run.base_depth, *(f"{setting_name(k)}={v}" for k, v in run.settings.items())])
+
+
+def setting_name(key: str) -> str:
+    """The short name of a setting key in labels: model.sequence_len -> sequence_len, data.name -> data."""
+    return "data" if key == "data.name" else key.rsplit(".", 1)[-1]
 
 
 def incomplete_reason(run: Run) -> str:
