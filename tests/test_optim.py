@@ -77,15 +77,16 @@ def test_orthogonalize_gives_near_unit_singular_values():
 
 @pytest.mark.parametrize("shape", [(48, 16), (16, 48)])
 def test_stacked_newton_schulz_equals_one_matrix_at_a_time(shape):
-    """The step stacks the matrices of one shape; on this CPU that is the per-matrix result to the last bit."""
+    """On a GPU the step stacks the matrices of one shape: the same update as one matrix at a time, to the dtype's
+    rounding (batched and 2-D matmuls may round an element differently now and then)."""
     torch.manual_seed(0)
     gs = torch.randn(3, *shape)
     for coefficients in ("quintic", "polar_express"):
-        for dtype in (torch.bfloat16, torch.float32):
+        for dtype, tolerance in ((torch.bfloat16, 1e-2), (torch.float32, 1e-5)):
             stacked = orthogonalize(gs, 5, coefficients, dtype)
             assert stacked.shape == gs.shape
             for g, got in zip(gs, stacked):
-                assert torch.equal(got, orthogonalize(g, 5, coefficients, dtype))
+                torch.testing.assert_close(got, orthogonalize(g, 5, coefficients, dtype), rtol=0, atol=tolerance)
 
 
 def adamw_group(params, fused):

@@ -34,31 +34,32 @@ POLAR_EXPRESS_COEFFICIENTS = (
 
 def orthogonalize(g: torch.Tensor, ns_steps: int = 5, coefficients: str = "quintic",
                   dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Approximate U V^T of each matrix g = U S V^T (g: one matrix, or a stack of equal shape) by Newton-Schulz
-    iterations, in bf16 by default; a stack runs as batched matmuls, each matrix normalised on its own.
+    """Approximate U V^T of g = U S V^T by Newton-Schulz iterations, in bf16 by default; g is one matrix, or a
+    stack of equal shape (batched matmuls, each matrix normalised on its own).
 
     The quintic path in bf16 uses the same operations and order as torch.optim.Muon, so a step matches
     it. fp32 costs more but does not amplify last-bit differences in g (e.g. from a different
-    gradient summation order across devices) into bf16 rounding flips.
+    gradient summation order across devices) into bf16 rounding flips. One matrix keeps the 2-D operations
+    (norm over all elements, addmm): on a CPU the batched ones round differently now and then, and the
+    committed study ran these.
     """
     x = g.to(dtype)
-    if g.ndim == 2:
-        x = x[None]
     transposed = g.size(-2) > g.size(-1)
     if transposed:
         x = x.mT
+    stacked = x.ndim == 3
+    norm = x.norm(dim=(-2, -1), keepdim=True) if stacked else x.norm()
     if coefficients == "polar_express":
-        x = x / (x.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
+        x = x / (norm * 1.02 + 1e-6)
         schedule = [POLAR_EXPRESS_COEFFICIENTS[min(i, len(POLAR_EXPRESS_COEFFICIENTS) - 1)] for i in range(ns_steps)]
     else:
-        x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-7)
+        x = x / norm.clamp(min=1e-7)
         schedule = [QUINTIC_COEFFICIENTS] * ns_steps
+    multiply_add = torch.baddbmm if stacked else torch.addmm
     for a, b, c in schedule:
         gram = x @ x.mT
-        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    if transposed:
-        x = x.mT
-    return x[0] if g.ndim == 2 else x
+        x = multiply_add(x, multiply_add(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if transposed else x
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -99,28 +100,31 @@ class MuonAdamW(torch.optim.Optimizer):
         # On a skipped update the gradients count as zero and the momentum moves by a weight of 0 (so it is unchanged,
         # bit for bit); the update is multiplied by 0. Otherwise every value is what the unmasked step computes.
         keep = None if self.found_inf is None else 1 - self.found_inf
-        kept = None if keep is None else keep.bool()
+        skipped = None if keep is None else ~keep.bool()
         updates: list[torch.Tensor | None] = [None] * len(params)
         owned_by_shape = defaultdict(list)
         for i, p in enumerate(params):
             state = self.state[p]
             if not state:
                 state["momentum_buffer"] = torch.zeros_like(p)
-            grad = p.grad if kept is None else torch.where(kept, p.grad, 0)
+            if skipped is not None:  # in place: a skipped update's gradients count as zero
+                p.grad.masked_fill_(skipped, 0)
+            grad = p.grad
             state["momentum_buffer"].lerp_(grad, 1 - momentum if keep is None else keep * (1 - momentum))
             if i % world == rank:
-                owned_by_shape[p.shape].append((i, grad))
+                # Stacked by shape on a GPU (a few batched Newton-Schulz instead of one per matrix: fewer, larger
+                # kernels); one matrix at a time on a CPU, where it measured faster (BENCHMARKS.md).
+                owned_by_shape[p.shape if p.is_cuda else i].append((i, grad))
             else:
                 updates[i] = torch.empty(p.shape, dtype=ns_dtype, device=p.device)
-        for shape, owned in owned_by_shape.items():  # one stacked Newton-Schulz per shape
-            stacked = torch.empty((len(owned), *shape), dtype=owned[0][1].dtype, device=owned[0][1].device)
-            for row, (i, grad) in zip(stacked, owned):  # the Nesterov (or plain) momentum, written into its row
-                buf = self.state[params[i]]["momentum_buffer"]
-                torch.lerp(grad, buf, momentum, out=row) if group["nesterov"] else row.copy_(buf)
-            stacked = orthogonalize(stacked, group["ns_steps"], group["ns_coefficients"], ns_dtype)
+        for owned in owned_by_shape.values():
+            bufs = [self.state[params[i]]["momentum_buffer"] for i, _ in owned]
+            momenta = [grad.lerp(buf, momentum) if group["nesterov"] else buf for (_, grad), buf in zip(owned, bufs)]
+            orthogonal = orthogonalize(momenta[0] if len(momenta) == 1 else torch.stack(momenta), group["ns_steps"],
+                                       group["ns_coefficients"], ns_dtype)
             if keep is not None:
-                stacked.mul_(keep)
-            for (i, _), update in zip(owned, stacked.unbind(0)):
+                orthogonal.mul_(keep)
+            for (i, _), update in zip(owned, orthogonal.unbind(0) if orthogonal.ndim == 3 else [orthogonal]):
                 updates[i] = update
         if sharded:  # broadcast sends raw memory: each matrix contiguous
             updates = [u.contiguous() for u in updates]
