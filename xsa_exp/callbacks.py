@@ -54,8 +54,8 @@ def format_duration(seconds: float) -> str:
 
 class HostSync:
     """The updates after which the host reads the device: console lines, evaluations, checkpoints (every N steps for
-    each N given) and the last step. In between, an update only queues its work: the train rows, the update clock
-    and the preemption check all wait for the next of these, so a steady-state update has no device-to-host read."""
+    each N given) and the last step. In between, an update only queues its work: the train rows and the update clock
+    wait for the next of these, so a steady-state update on one device has no device-to-host read."""
 
     def __init__(self, intervals: list[int]):
         self.intervals = [k for k in intervals if k > 0]
@@ -114,8 +114,8 @@ class TrainMetrics(L.Callback):
         return {"ema_value": self.ema.value, "ema_count": self.ema.count}
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        # Rows of the checkpointed steps reach the disk with it (checkpoints are host-sync steps, so all are
-        # written by now); a resumed run keeps exactly those.
+        # Rows of the checkpointed steps reach the disk with it (periodic checkpoints are host-sync steps and a
+        # preemption checkpoint flushes first, so all are logged by now); a resumed run keeps exactly those.
         for logger in trainer.loggers:
             logger.save()
 
