@@ -53,6 +53,7 @@ def bases(tmp_path, monkeypatch):
     monkeypatch.chdir(work)  # a run directory would be created here
     return {
         "train": ("train", []),
+        "train data=wiki": ("train", ["data=wiki"]),
         "train data=climbmix": ("train", ["data=climbmix", f"data.local_dir={shards}", "data.num_train_shards=1"]),
         "train data=local": ("train", ["data=local", f"data.path={corpus}"]),
         "train stage=sft": ("train", ["stage=sft", f"init_from={base_run}", *sft]),

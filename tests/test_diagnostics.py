@@ -66,9 +66,9 @@ class CheckingProbe(AttentionProbe):
 
     max_diff = 0.0
 
-    def attend(self, q, k, v):
-        y = super().attend(q, k, v)
-        sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    def attend(self, q, k, v, mask=None):
+        y = super().attend(q, k, v, mask)
+        sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         self.max_diff = max(self.max_diff, (y - sdpa).abs().max().item())
         return y
 

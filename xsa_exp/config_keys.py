@@ -167,6 +167,7 @@ def schema_meta(*path: str, cls=schema.TrainConfig) -> typing.Mapping:
 
 DOC_CONFIGS = [  # (heading, config name, overrides): together they hold every key of the schema
     ("`python train.py` (defaults: depth=tiny, xsa=full, optim=muon, data=sample, trainer=default, logger=wandb)", "train", []),
+    ("`data=wiki`", "train", ["data=wiki"]),
     ("`data=climbmix`", "train", ["data=climbmix"]),
     ("`data=local`", "train", ["data=local"]),
     ("`data=sft` (with `stage=sft`)", "train", ["stage=sft"]),

@@ -46,8 +46,9 @@ class ModelConfig:
     n_layer: int = key(MISSING, "transformer blocks (from the depth preset)", ge=1)
     n_embd: int = key(MISSING, "residual width; a multiple of n_head", ge=1)
     n_head: int = key(MISSING, "attention heads; head_dim = n_embd / n_head must be even (RoPE)", ge=1)
+    n_kv_head: Optional[int] = key(None, "key/value heads (grouped-query attention), a divisor of n_head; null = n_head", ge=1)
     sequence_len: int = key(MISSING, "context length in tokens", ge=2)
-    vocab_size: int = key(MISSING, "BPE vocabulary incl. 9 special tokens; data=sample supports at most 21249", ge=265,
+    vocab_size: int = key(MISSING, "BPE vocabulary incl. 9 special tokens; data=sample supports at most 21249, data=wiki 87522", ge=265,
                           hint="byte-level BPE needs 256 byte tokens + 9 special tokens")
     rope: bool = key(True, "rotary position embeddings")
     rope_base: float = key(100000.0, "RoPE base frequency", gt=0)
@@ -59,6 +60,18 @@ class ModelConfig:
     logit_softcap: float = key(15.0, "tanh cap on the logits; 0 turns it off", ge=0)
     zero_init_proj: bool = key(True, "zero-initialize the output projections")
     tie_embeddings: bool = key(False, "share the token embedding with lm_head")
+    window_pattern: str = key("L", "attention window per layer, the pattern tiled over layers: L full context, S a quarter "
+                              "of it rounded up to 128 tokens; the last layer is always L", accepts="a string of S and L")
+    qk_scale: float = key(1.0, "q and k multiplied by it after QK-norm (sharper attention)", gt=0)
+    smear: bool = key(False, "add lambda * sigmoid(gate) of the previous token's embedding to each position (lambda from 0)")
+    backout: bool = key(False, "subtract lambda x the residual after layer n_layer // 2 before the final norm (lambda from 0.2)")
+    wte_init_std: float = key(1.0, "std of the token embedding's normal init (untied)", gt=0)
+    fc_init_scale: float = key(1.0, "the MLP input matrix's uniform init bound, x the other hidden matrices'", gt=0)
+    resid_lambda_init: List[float] = key(help="resid_lambda at the first and the last layer, linear in between",
+                                         factory=lambda: [1.0, 1.0])
+    x0_lambda_init: List[float] = key(help="x0_lambda at the first and the last layer, linear in between",
+                                      factory=lambda: [0.1, 0.1])
+    ve_gate_init: float = key(0.0, "value-embedding gate weights ~ U(0, ve_gate_init); 0 = zeros", ge=0)
 
 
 @dataclass
@@ -84,6 +97,7 @@ class LrConfig:
     unembedding: float = key(0.004, "lm_head (AdamW)", ge=0)
     resid_scalar: float = key(0.005, "resid_lambda scalars", ge=0)
     x0_scalar: float = key(0.5, "x0_lambda scalars", ge=0)
+    smear_backout: float = key(0.2, "the smear gate and lambda, the backout lambda (model.smear, model.backout)", ge=0)
     xsa_theta: float = key(0.05, "theta of learnable XSA (untuned)", ge=0)
 
 
@@ -92,6 +106,8 @@ class MuonConfig:
     momentum: float = key(0.95, "Muon momentum", ge=0, lt=1)
     momentum_start: float = key(0.85, "momentum at step 0, warmed up linearly to momentum", ge=0, lt=1)
     momentum_warmup_steps: int = key(300, "steps of the momentum warmup; 0 = none", ge=0)
+    momentum_warmdown: Optional[float] = key(None, "momentum at the end of the lr warmdown, linear from momentum over "
+                                             "it (after the warmup); null = constant", ge=0, lt=1)
     nesterov: bool = key(True, "Nesterov momentum")
     ns_steps: int = key(5, "Newton-Schulz iterations", ge=1)
     ns_coefficients: str = key("quintic", "Newton-Schulz polynomial", choices=("quintic", "polar_express"))
@@ -99,6 +115,13 @@ class MuonConfig:
     sharded: bool = key(True, "under DDP, each rank orthogonalizes its share of the matrices, then broadcasts "
                               "(the same update; no effect on one device)")
     weight_decay: float = key(0.0, "Muon weight decay", ge=0)
+    cautious_weight_decay: bool = key(False, "decay only where the update and the weight agree in sign, by the "
+                                             "shape-adjusted lr (nanochat); false: every weight, by lr (torch.optim.Muon)")
+    weight_decay_schedule: str = key("constant", "Muon weight decay over the run: constant, or cosine from "
+                                                 "weight_decay to 0", choices=("constant", "cosine"))
+    variance_reduction: bool = key(False, "NorMuon-style: after orthogonalization, each row (column of a wide matrix) "
+                                          "divided by its running RMS, the update's norm kept")
+    beta2: float = key(0.9, "decay of variance_reduction's running mean square", ge=0, lt=1)
 
 
 @dataclass
@@ -107,13 +130,17 @@ class AdamWConfig:
     eps: float = key(1e-10, "AdamW epsilon", gt=0)
     weight_decay: float = key(0.0, "weight decay of the AdamW groups", ge=0)
     matrix_weight_decay: float = key(0.0, "weight decay of hidden matrices when matrix_algorithm=adamw", ge=0)
+    role_betas: Dict[str, List[float]] = key(help="betas of single AdamW roles (the keys of optim.lr), over betas",
+                                             factory=dict)
+    role_weight_decay: Dict[str, float] = key(help="weight decay of single AdamW roles (the keys of optim.lr), over "
+                                                   "weight_decay and matrix_weight_decay", factory=dict)
     fused: bool = key(True, "torch's fused AdamW kernel (one pass; skips a non-finite update on the device); false: "
                             "torch's foreach path, which differs from it in the last bit (the committed study's)")
 
 
 @dataclass
 class ScheduleConfig:
-    warmup_frac: float = key(0.0, "fraction of steps warming up linearly", ge=0, le=1)
+    warmup_steps: int = key(0, "steps warming the lr up linearly", ge=0)
     warmdown_frac: float = key(0.4, "fraction of steps decaying linearly to final_lr_frac", ge=0, le=1)
     final_lr_frac: float = key(0.0, "lr at the end, as a fraction of the peak", ge=0, le=1)
 
@@ -133,13 +160,19 @@ class OptimConfig:
 @dataclass
 class DataConfig:
     """The data group: each option (conf/data/*.yaml) has its own schema below."""
-    name: str = key(MISSING, "the corpus", choices=("sample", "climbmix", "local", "sft"))
+    name: str = key(MISSING, "the corpus", choices=("sample", "wiki", "climbmix", "local", "sft"))
 
 
 @dataclass
 class SampleDataConfig(DataConfig):
     name: str = key("sample", "the embedded corpus (KJV)", choices=("sample",))
     tokenizer_chars: Optional[int] = key(None, "characters the tokenizer learns from; null = all (4.3M)", ge=1)
+
+
+@dataclass
+class WikiDataConfig(DataConfig):
+    name: str = key("wiki", "the embedded corpus (Wikipedia vital articles' leads)", choices=("wiki",))
+    tokenizer_chars: Optional[int] = key(None, "characters the tokenizer learns from; null = all (4.8M)", ge=1)
 
 
 @dataclass
@@ -217,7 +250,7 @@ class TrainLoopConfig:
     device_batch_size: int = key(MISSING, "sequences per micro-batch per device", ge=1)
     max_steps: Optional[int] = key(None, "run length in steps (first set of max_steps, target_tokens, epochs, param_data_ratio)", ge=1)
     target_tokens: Optional[int] = key(None, "run length in tokens", ge=1)
-    epochs: Optional[int] = key(None, "passes over a corpus held in memory (data=sample, sft)", ge=1)
+    epochs: Optional[int] = key(None, "passes over a corpus held in memory (data=sample, wiki, sft)", ge=1)
     param_data_ratio: float = key(20, "tokens per hidden-matrix + lm_head parameter (nanochat's compute-optimal rule)", gt=0)
     grad_clip: float = key(0.0, "max global grad norm; 0 = off", ge=0)
     skip_nonfinite_steps: int = key(0, "non-finite updates skipped before the run stops; 0 = stop at the first", ge=0)
@@ -250,6 +283,7 @@ class LogConfig:
 @dataclass
 class TrainConfig:
     depth_name: str = key(MISSING, "the depth preset (set by depth=...)")
+    stack_name: str = key(MISSING, "the recipe the settings start from (set by stack=...)", choices=("classic", "nanochat_2604"))
     stage_name: str = key(MISSING, "the stage (set by stage=...)", choices=("base", "sft"))
     seed: int = key(42, "seed of initialization and data order", ge=0, le=2**32 - 1)
     init_from: Optional[str] = key(None, "stage=sft: the base run directory it starts from")
@@ -260,7 +294,7 @@ class TrainConfig:
     xsa: XSAConfig = field(default_factory=XSAConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     # Any here, a structured node per option: each data option brings its own schema.
-    data: Any = key(MISSING, "the corpus (data=sample | climbmix | local | sft)")
+    data: Any = key(MISSING, "the corpus (data=sample | wiki | climbmix | local | sft)")
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
@@ -311,7 +345,8 @@ class EvaluateConfig:
     eval: EvaluateEvalConfig = field(default_factory=EvaluateEvalConfig)
 
 
-DATA_SCHEMAS = {"sample": SampleDataConfig, "climbmix": ClimbmixDataConfig, "local": LocalDataConfig, "sft": SftDataConfig}
+DATA_SCHEMAS = {"sample": SampleDataConfig, "wiki": WikiDataConfig, "climbmix": ClimbmixDataConfig, "local": LocalDataConfig,
+                "sft": SftDataConfig}
 
 
 def register() -> None:

@@ -1,6 +1,7 @@
 """What a run trains and evaluates on, whatever the corpus (data.name):
 
-- sample: the embedded KJV (corpus.py), tokenized and packed in memory;
+- sample, wiki: the embedded corpora (corpus.py: the KJV, Wikipedia's vital articles), tokenized and
+  packed in memory;
 - sft: the chat mixture of the SFT stage (sft.py), rendered with its loss mask and packed in memory,
   with the base run's tokenizer;
 - climbmix, local: parquet / jsonl / txt files (sources.py), read, tokenized and packed as training
@@ -24,7 +25,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from xsa_exp.data.corpus import load_sample_corpus, sample_corpus_fingerprint
+from xsa_exp.data.corpus import EMBEDDED_CORPORA
 from xsa_exp.data.packing import cut_rows, inputs_and_targets, pack_documents, packed_rows
 from xsa_exp.data.sft import conversation_rows, load_conversations
 from xsa_exp.data.sources import DataError, read_documents, streamed_corpus
@@ -37,8 +38,10 @@ class TextDataModule(L.LightningDataModule):
                  tokenizer_dir: Path | None = None):
         """tokenizer_dir: use this trained tokenizer (a run's own copy) instead of the cache."""
         super().__init__()
-        if data_cfg.name == "sample":
-            self.corpus, fingerprint = None, sample_corpus_fingerprint()
+        self.load_embedded = None  # an embedded corpus's splits, loaded when needed
+        if data_cfg.name in EMBEDDED_CORPORA:
+            self.load_embedded, fingerprint_of = EMBEDDED_CORPORA[data_cfg.name]
+            self.corpus, fingerprint = None, fingerprint_of()
         elif data_cfg.name == "sft":
             if tokenizer_dir is None:
                 raise DataError("data=sft trains with a base run's tokenizer; use stage=sft init_from=<base run directory>")
@@ -47,12 +50,12 @@ class TextDataModule(L.LightningDataModule):
             self.corpus = streamed_corpus(data_cfg)
             fingerprint = self.corpus.fingerprint
         else:
-            raise ValueError(f"data={data_cfg.name} is not an option; allowed: sample, sft, climbmix, local")
+            raise ValueError(f"data={data_cfg.name} is not an option; allowed: {', '.join(EMBEDDED_CORPORA)}, sft, climbmix, local")
         self.data_cfg = data_cfg
         self.sequence_len, self.vocab_size = sequence_len, vocab_size
         self.device_batch_size, self.seed = device_batch_size, seed
         self.cache_dir = Path(cache_dir).expanduser()
-        # null: the whole training split (data=sample only); absent in configs saved before the key existed.
+        # null: the whole training split (embedded corpora only); absent in configs saved before the key existed.
         self.tokenizer_chars = data_cfg.get("tokenizer_chars")
         budget = "" if self.tokenizer_chars is None else f"-c{self.tokenizer_chars}"
         self.tokenizer_key = f"{data_cfg.name}-{fingerprint}{budget}-v{vocab_size}"
@@ -63,7 +66,7 @@ class TextDataModule(L.LightningDataModule):
 
     def tokenizer_texts(self) -> Iterable[str]:
         if self.corpus is None:
-            texts = load_sample_corpus()["train"]["text"]
+            texts = self.load_embedded()["train"]["text"]
         else:
             texts = (text for batch in read_documents(self.corpus, self.corpus.train_files) for text in batch)
         return texts if self.tokenizer_chars is None else char_budget(texts, self.tokenizer_chars)
@@ -89,7 +92,7 @@ class TextDataModule(L.LightningDataModule):
             self.setup_chat(row_len, training=stage != "validate")
             return
         if self.corpus is None:
-            self.setup_sample(row_len)
+            self.setup_embedded(row_len)
             return
         self.train_rows = StreamedRows(self.corpus, self.tokenizer, row_len, self.seed, self.data_cfg.shuffle_rows)
         # Read on first use: how many rows depends on the caller (eval.val_tokens, evaluate.py's val_tokens).
@@ -100,8 +103,8 @@ class TextDataModule(L.LightningDataModule):
                        f"({self.corpus.train_files[0]} ...), validation {', '.join(self.corpus.val_files)}; "
                        f"tokenizer {self.tokenizer_dir}; unigram baseline n/a for a streamed corpus")
 
-    def setup_sample(self, row_len: int) -> None:
-        corpus = load_sample_corpus()
+    def setup_embedded(self, row_len: int) -> None:
+        corpus = self.load_embedded()
         train_tokens = pack_documents(self.tokenizer, corpus["train"]["text"])
         val_tokens = pack_documents(self.tokenizer, corpus["validation"]["text"])
         train_rows = cut_rows(train_tokens, row_len)

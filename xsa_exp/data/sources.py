@@ -142,9 +142,17 @@ def check_data_config(data_cfg: DictConfig) -> None:
     if data_cfg.name == "sft":
         check_chat_sources(data_cfg)
         return
-    if data_cfg.name == "sample":
+    if data_cfg.name in ("sample", "wiki"):  # the embedded corpora (corpus.py)
         if chars is not None:
             _positive_int(chars, "data.tokenizer_chars")
+        if data_cfg.name == "wiki":  # the package and its data file are there (reads nothing)
+            # imported here: corpus.py imports this module
+            from xsa_exp.data.corpus import wiki_path
+
+            try:
+                wiki_path()
+            except DataError as e:
+                raise DataSettingError(str(e)) from None
         return
     _positive_int(chars, "data.tokenizer_chars")
     _positive_int(data_cfg.shuffle_rows, "data.shuffle_rows")

@@ -3,7 +3,7 @@
 Both orders depend only on the corpus, sequence_len, the seed and (for a stream) the number of
 readers, never on the model or XSA settings, so two arms see the same batches in the same order.
 
-data=sample and sft (rows in memory): one global sequence of epochs, each a permutation of all rows
+data=sample, wiki and sft (rows in memory): one global sequence of epochs, each a permutation of all rows
 drawn from a generator seeded with (seed, epoch). It is cut into batches of device_batch_size rows;
 rank r of R takes batches r, r+R, ... and its DataLoader worker w of W the rank's batches w, w+W, ...,
 so the sequence does not depend on R or W, and R ranks sum exactly the per-batch gradients that one
@@ -49,7 +49,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 
 class EpochPermutations:
-    """Rows held in memory (data=sample), epoch e in the order randperm(n_rows) seeded with (seed, e)."""
+    """Rows held in memory (data=sample, wiki, sft), epoch e in the order randperm(n_rows) seeded with (seed, e)."""
 
     def __init__(self, rows: torch.Tensor, seed: int):
         self.rows, self.seed = rows, seed

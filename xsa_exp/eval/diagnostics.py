@@ -45,14 +45,15 @@ class AttentionProbe:
         self.sums[name] = self.sums.get(name, 0) + values.float().sum(dim=(0, 2))
         self.counts[name] = self.counts.get(name, 0) + values.size(0) * values.size(2)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Stands in for SDPA(q, k, v, is_causal=True); q, k, v: (B, H, T, D)."""
-        T = q.size(-2)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Stands in for the layer's attention; q, k, v: (B, H, T, D), mask: (T, T) bool, True where a query
+        sees a key (the layer's window); None: causal."""
+        if mask is None:
+            mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
         # fp32 even under autocast: these probabilities are what we measure.
         with torch.autocast(q.device.type, enabled=False):
             scores = (q.float() @ k.float().transpose(-2, -1)) * q.size(-1) ** -0.5
-            causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-            a = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+            a = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
             y = a @ v.float()
         self._add("diag_attn", a.diagonal(dim1=-2, dim2=-1))
         self._add("attn_entropy", -torch.special.xlogy(a, a).sum(dim=-1))  # xlogy: 0 log 0 = 0 where masked

@@ -3,11 +3,15 @@
 Features (each a GPTConfig switch, nanochat-like defaults): untied token embedding and lm_head,
 parameter-free RMSNorm, no biases, RoPE and QK-norm, ReLU^2 MLP, zero-initialised output
 projections, fp32 logits with a tanh soft-cap, value embeddings on alternating layers (always
-including the last) and per-layer residual scalars.
+including the last) and per-layer residual scalars. Off by default, on in nanochat's April 2026 stack
+(conf/stack/nanochat_2604.yaml): sliding-window attention by layer, a q/k scale after QK-norm,
+grouped-query attention, smear (a gated share of the previous token's embedding) and backout (the
+mid-network residual subtracted before the final norm).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -29,9 +33,13 @@ def value_embedding_layers(n_layer: int, enabled: bool = True) -> list[int]:
 # close to ln(vocab_size) instead of a confident random guess that the first updates must undo;
 LM_HEAD_INIT_STD = 0.001
 # each block's residual stream starts as itself plus a tenth of the token embedding x0 (x = r_i x + l_i x0,
-# r_i = 1, l_i = 0.1): enough of a skip to the input to help early training, small enough not to swamp the
-# block outputs; both scalars are learned from there.
-X0_LAMBDA_INIT = 0.1
+# r_i = 1, l_i = 0.1 unless model.resid_lambda_init / x0_lambda_init say otherwise): enough of a skip to the
+# input to help early training, small enough not to swamp the block outputs; both scalars are learned from there.
+# The smear gate starts slightly open, like the value-embedding gates of the April 2026 stack (nanochat's value
+# after 94b73ad, which leaves this weight uninitialised).
+SMEAR_GATE_INIT_MAX = 0.02
+# Input channels of the smear gate (nanochat's).
+SMEAR_GATE_CHANNELS = 24
 
 
 @dataclass
@@ -40,6 +48,7 @@ class GPTConfig:
     vocab_size: int = 32768
     n_layer: int = 12
     n_head: int = 12
+    n_kv_head: int | None = None  # None: n_head (no GQA)
     n_embd: int = 768
     rope: bool = True
     rope_base: float = 100000.0
@@ -51,6 +60,15 @@ class GPTConfig:
     logit_softcap: float = 15.0  # 0 turns the soft-cap off
     zero_init_proj: bool = True
     tie_embeddings: bool = False
+    window_pattern: str = "L"  # tiled over layers: L full context, S short; the last layer is always L
+    qk_scale: float = 1.0
+    smear: bool = False
+    backout: bool = False
+    wte_init_std: float = 1.0
+    fc_init_scale: float = 1.0
+    resid_lambda_init: tuple[float, float] = (1.0, 1.0)  # first and last layer, linear in between
+    x0_lambda_init: tuple[float, float] = (0.1, 0.1)
+    ve_gate_init: float = 0.0  # gate weights ~ U(0, ve_gate_init); 0: zeros
     xsa: XSASettings = field(default_factory=XSASettings)  # the layers it runs in, its strength, where v comes from
 
     @property
@@ -58,15 +76,36 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
     def ve_layers(self) -> list[int]:
         return value_embedding_layers(self.n_layer, self.value_embeds)
+
+    @property
+    def windows(self) -> list[int | None]:
+        """Each layer's sliding window as nanochat counts it (a query sees itself and `window` earlier keys), or
+        None for full context. S is a quarter of the context rounded up to 128 (FlashAttention's tile)."""
+        short = -(-self.sequence_len // 4 // 128) * 128
+        windows = [short if self.window_pattern[i % len(self.window_pattern)] == "S" else None for i in range(self.n_layer)]
+        windows[-1] = None
+        return [None if w is not None and w >= self.sequence_len - 1 else w for w in windows]
 
     @classmethod
     def from_config(cls, model_cfg, xsa_cfg) -> GPTConfig:
         """Build from the Hydra `model` and `xsa` nodes; raises ConfigError on a bad layer selection."""
-        config = cls(**dict(model_cfg))
+        settings = dict(model_cfg)
+        for pair in ("resid_lambda_init", "x0_lambda_init"):
+            settings[pair] = tuple(float(x) for x in settings[pair])
+        config = cls(**settings)
         config.xsa = XSASettings.from_config(xsa_cfg, config.n_layer, config.ve_layers)
         return config
+
+
+def layer_ramp(first: float, last: float, n_layer: int) -> torch.Tensor:
+    """One value per layer, linear from `first` at layer 0 to `last` at the last layer (nanochat's scalar inits)."""
+    return torch.tensor([first - (first - last) * i / max(n_layer - 1, 1) for i in range(n_layer)])
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:
@@ -86,27 +125,68 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
 
 
+def window_mask(query_pos: torch.Tensor, key_len: int, window: int | None) -> torch.Tensor:
+    """(T, key_len) bool: query at absolute position p sees keys p - window .. p (all of 0 .. p when window is None)."""
+    key_pos = torch.arange(key_len, device=query_pos.device)
+    mask = key_pos <= query_pos[:, None]
+    if window is not None:
+        mask = mask & (query_pos[:, None] - key_pos <= window)
+    return mask
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Causal attention of q (B, H, T, D) over k, v (B, H_kv, T, D), each query within its window. Full context
+    is SDPA's causal kernel; a window is FlexAttention's block-sparse kernel on CUDA (the dense-mask SDPA that
+    nanochat warns about skips nothing) and SDPA with a boolean mask on a CPU (the faster here, BENCHMARKS.md)."""
+    gqa = k.size(1) != q.size(1)
+    if window is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    if q.is_cuda:
+        return compiled_flex_attention()(q, k, v, block_mask=window_block_mask(q.size(2), window, q.device), enable_gqa=gqa)
+    mask = window_mask(torch.arange(q.size(2), device=q.device), k.size(2), window)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+@functools.cache
+def compiled_flex_attention():
+    """FlexAttention runs as a kernel only compiled (eager, it computes every score)."""
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@torch.compiler.disable  # built once per shape outside any compiled graph, then reused
+@functools.cache
+def window_block_mask(seq_len: int, window: int, device: torch.device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def sliding_window(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx - kv_idx <= window)
+    return create_block_mask(sliding_window, B=None, H=None, Q_LEN=seq_len, KV_LEN=seq_len, device=device)
+
+
 class KVCache:
-    """Keys and values of every layer for the positions generated so far (B, H, max_len, D each).
+    """Keys and values of every layer for the positions generated so far (B, H_kv, max_len, D each), and, for
+    smear, the last position's token embedding.
 
     Stored in the dtype attention computes in (bf16 under bf16 autocast, else the weights'), decided when
     the first keys arrive: under autocast half the memory of fp32, and no cast of the whole prefix at each
-    decoding step.
+    decoding step. With grouped-query attention it holds the n_kv_head heads, not one per query head.
 
     Rows of different prompt lengths are left-padded: `first[b]` is row b's first real position, and
-    no real token attends to the padding before it. RoPE scores depend only on the distance between
-    positions, so a padded row computes what it would alone (up to float rounding)."""
+    no real token attends to (or smears in) the padding before it. RoPE scores depend only on the distance
+    between positions, so a padded row computes what it would alone (up to float rounding)."""
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, first: torch.Tensor | None = None):
-        self.shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
+        self.shape = (config.n_layer, batch_size, config.kv_heads, max_len, config.head_dim)
         self.device = device
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.prev_embedding: torch.Tensor | None = None  # (B, 1, C): the embedding at pos - 1, for smear
         self.pos = 0
         self.first = None if first is None or not first.any() else first.to(device)
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Store the new k, v at pos..pos+T and attend the new queries over everything cached so far."""
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+        """Store the new k, v at pos..pos+T and attend the new queries over the cached positions in their window."""
         if self.k is None:
             # Attention runs in autocast's dtype where autocast is on (SDPA casts q, k, v to it), else in k's.
             kind = k.device.type
@@ -119,32 +199,35 @@ class KVCache:
         self.v[layer, :, :, self.pos:end] = v
         # A no-op where q has the cache's dtype (always, under autocast or not); a guard where it has not.
         keys, values = self.k[layer, :, :, :end].to(q.dtype), self.v[layer, :, :, :end].to(q.dtype)
-        if T == 1 and self.first is None:  # one new token sees every cached position
-            return F.scaled_dot_product_attention(q, keys, values)
-        # New token i (absolute position pos + i) sees positions 0..pos + i ...
-        key_pos = torch.arange(end, device=q.device)
-        query_pos = torch.arange(self.pos, end, device=q.device)[:, None]
-        mask = key_pos <= query_pos  # (T, end)
+        gqa = keys.size(1) != q.size(1)
+        if T == 1 and self.first is None and (window is None or window >= end - 1):  # one token sees every cached one
+            return F.scaled_dot_product_attention(q, keys, values, enable_gqa=gqa)
+        # New token i (absolute position pos + i) sees positions pos + i - window .. pos + i ...
+        query_pos = torch.arange(self.pos, end, device=q.device)
+        mask = window_mask(query_pos, end, window)  # (T, end)
         if self.first is not None:
             # ... that are not padding; a padding query sees itself, so its softmax stays finite.
-            mask = mask & ((key_pos >= self.first[:, None, None]) | (key_pos == query_pos))  # (B, T, end)
+            key_pos = torch.arange(end, device=q.device)
+            mask = mask & ((key_pos >= self.first[:, None, None]) | (key_pos == query_pos[:, None]))  # (B, T, end)
             mask = mask[:, None]
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.n_head, self.head_dim = config.n_head, config.head_dim
-        self.qk_norm = config.qk_norm
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
+        self.qk_norm, self.qk_scale = config.qk_norm, config.qk_scale
+        self.window = config.windows[layer_idx]
+        kv_dim = self.n_kv_head * self.head_dim
         self.c_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.c_k = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.c_v = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.c_k = nn.Linear(config.n_embd, kv_dim, bias=False)
+        self.c_v = nn.Linear(config.n_embd, kv_dim, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.ve_gate_channels = config.ve_gate_channels
         has_ve = layer_idx in config.ve_layers
-        self.ve_gate = nn.Linear(config.ve_gate_channels, config.n_head, bias=False) if has_ve else None
+        self.ve_gate = nn.Linear(config.ve_gate_channels, self.n_kv_head, bias=False) if has_ve else None
         self.xsa = config.xsa
         self.xsa_on = config.xsa.on(layer_idx)  # off: skipped entirely, bit-identical to standard attention
         self.xsa_theta = None
@@ -170,31 +253,39 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, ve: torch.Tensor | None, cos_sin, kv_cache: KVCache | None = None) -> torch.Tensor:
         """cos_sin: rotary tables already sliced to the positions of x. With kv_cache, x holds the
-        tokens after those already cached; XSA still projects against each new token's own v_i."""
+        tokens after those already cached; XSA still projects against each new token's own v_i (with GQA,
+        each query head against its group's value)."""
         B, T, C = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = self.c_k(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        v = self.c_v(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v_plain = v
         if ve is not None:
-            gate = 3 * torch.sigmoid(self.ve_gate(x[..., : self.ve_gate_channels]))  # (B, T, H)
-            v = v + gate.transpose(1, 2).unsqueeze(-1) * ve.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+            gate = 3 * torch.sigmoid(self.ve_gate(x[..., : self.ve_gate_channels]))  # (B, T, H_kv)
+            v = v + gate.transpose(1, 2).unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if self.qk_norm:
             q, k = norm(q), norm(k)
         if cos_sin is not None:
             q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
+        if self.qk_scale != 1.0:  # sharper attention, the scale split between q and k
+            q, k = q * self.qk_scale, k * self.qk_scale
         if kv_cache is not None:
-            y = kv_cache.attend(self.layer_idx, q, k, v)
+            y = kv_cache.attend(self.layer_idx, q, k, v, self.window)
         elif self.probe is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = causal_attention(q, k, v, self.window)
         else:
-            y = self.probe.attend(q, k, v)
+            y = self.probe.attend(q, self.per_query_head(k), self.per_query_head(v),
+                                  window_mask(torch.arange(T, device=x.device), T, self.window))
         z = y
         if self.xsa_on:
             z = exclusive_self_attention(y, v if self.xsa.value_source == "mixed" else v_plain, self.alpha(), self.xsa.eps)
         if self.probe is not None:
-            self.probe.record(y=y, z=z, v=v)
+            self.probe.record(y=y, z=z, v=self.per_query_head(v))
         return self.c_proj(z.transpose(1, 2).reshape(B, T, C))
+
+    def per_query_head(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, H_kv, T, D) -> (B, H, T, D), each key/value head repeated for its query group (diagnostics only)."""
+        return t.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
 
 
 class MLP(nn.Module):
@@ -230,11 +321,18 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
-        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, config.n_embd) for i in config.ve_layers})
+        kv_dim = config.kv_heads * config.head_dim
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_dim) for i in config.ve_layers})
         self.resid_lambdas = self.x0_lambdas = None
         if config.resid_scalars:
-            self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
-            self.x0_lambdas = nn.Parameter(torch.full((config.n_layer,), X0_LAMBDA_INIT))
+            self.resid_lambdas = nn.Parameter(layer_ramp(*config.resid_lambda_init, config.n_layer))
+            self.x0_lambdas = nn.Parameter(layer_ramp(*config.x0_lambda_init, config.n_layer))
+        self.smear_gate = self.smear_lambda = self.backout_lambda = None
+        if config.smear:  # lambda from 0: the model starts without it
+            self.smear_gate = nn.Linear(SMEAR_GATE_CHANNELS, 1, bias=False)
+            self.smear_lambda = nn.Parameter(torch.zeros(1))
+        if config.backout:
+            self.backout_lambda = nn.Parameter(torch.full((1,), 0.2))
         if config.rope:
             cos, sin = rotary_cos_sin(config.sequence_len, config.head_dim, config.rope_base)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -249,20 +347,27 @@ class GPT(nn.Module):
         if c.tie_embeddings:
             nn.init.normal_(self.wte.weight, std=0.02)  # one matrix serves both ends: GPT-2's init
         else:
-            nn.init.normal_(self.wte.weight, std=1.0)
+            nn.init.normal_(self.wte.weight, std=c.wte_init_std)
             nn.init.normal_(self.lm_head.weight, std=LM_HEAD_INIT_STD)
         for block in self.blocks:
-            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v):
                 nn.init.uniform_(lin.weight, -bound, bound)
+            nn.init.uniform_(block.mlp.c_fc.weight, -bound * c.fc_init_scale, bound * c.fc_init_scale)
             for lin in (block.attn.c_proj, block.mlp.c_proj):
                 if c.zero_init_proj:
                     nn.init.zeros_(lin.weight)
                 else:
                     nn.init.uniform_(lin.weight, -bound, bound)
-            if block.attn.ve_gate is not None:
-                nn.init.zeros_(block.attn.ve_gate.weight)
         for emb in self.value_embeds.values():
             nn.init.uniform_(emb.weight, -bound, bound)
+        for block in self.blocks:  # after the value embeddings: the order nanochat draws them in
+            if block.attn.ve_gate is not None:
+                if c.ve_gate_init > 0:
+                    nn.init.uniform_(block.attn.ve_gate.weight, 0.0, c.ve_gate_init)
+                else:
+                    nn.init.zeros_(block.attn.ve_gate.weight)
+        if self.smear_gate is not None:
+            nn.init.uniform_(self.smear_gate.weight, 0.0, SMEAR_GATE_INIT_MAX)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_reduction: str = "mean",
                 kv_cache: KVCache | None = None):
@@ -275,12 +380,19 @@ class GPT(nn.Module):
             raise ValueError(f"input of {end} tokens exceeds model.sequence_len={self.config.sequence_len}")
         cos_sin = (self.rope_cos[:, :, start:end], self.rope_sin[:, :, start:end]) if self.config.rope else None
         x = norm(self.wte(idx))
+        if self.smear_gate is not None:
+            x = self.smear(x, start, kv_cache)
         x0 = x
+        backout_layer = self.config.n_layer // 2 if self.backout_lambda is not None else None
         for i, block in enumerate(self.blocks):
             if self.resid_lambdas is not None:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
             x = block(x, ve, cos_sin, kv_cache)
+            if i == backout_layer:
+                x_backout = x
+        if backout_layer is not None:  # remove the low-level features of the first half before the logits
+            x = x - self.backout_lambda * x_backout
         if kv_cache is not None:
             kv_cache.pos = end
         logits = self.lm_head(norm(x)).float()
@@ -291,6 +403,23 @@ class GPT(nn.Module):
             return logits
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=loss_reduction)
 
+    def smear(self, x: torch.Tensor, start: int, kv_cache: KVCache | None) -> torch.Tensor:
+        """x_p + lambda * sigmoid(gate(x_p[:24])) * x_{p-1} at every position p >= 1 (cheap bigram information)."""
+        prev = x[:, :-1]
+        if kv_cache is not None:
+            if kv_cache.prev_embedding is not None:
+                prev = torch.cat([kv_cache.prev_embedding, prev], dim=1)
+            kv_cache.prev_embedding = x[:, -1:]
+        n = prev.size(1)  # the last n positions of x have a previous token
+        if n == 0:
+            return x
+        current = x[:, -n:]
+        share = self.smear_lambda * torch.sigmoid(self.smear_gate(current[..., :SMEAR_GATE_CHANNELS])) * prev
+        if kv_cache is not None and kv_cache.first is not None:  # a row's first real token has no previous one
+            pos = torch.arange(start + x.size(1) - n, start + x.size(1), device=x.device)
+            share = share * (pos - 1 >= kv_cache.first[:, None]).unsqueeze(-1)
+        return torch.cat([x[:, : x.size(1) - n], current + share], dim=1)
+
     def xsa_alphas(self) -> torch.Tensor:
         """The alpha of every layer and head, (n_layer, n_head): what a learnable run has learned so far."""
         return torch.stack([block.attn.head_alphas() for block in self.blocks])
@@ -298,7 +427,7 @@ class GPT(nn.Module):
     def named_param_groups(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
         """Every parameter under exactly one role; the optimizer assigns lr and algorithm per role."""
         groups: dict[str, list] = {"matrix": [], "embedding": [], "value_embedding": [], "unembedding": [],
-                                   "resid_scalar": [], "x0_scalar": [], "xsa_theta": []}
+                                   "resid_scalar": [], "x0_scalar": [], "smear_backout": [], "xsa_theta": []}
         for name, p in self.named_parameters():
             if name.endswith("xsa_theta"):
                 role = "xsa_theta"
@@ -314,6 +443,8 @@ class GPT(nn.Module):
                 role = "resid_scalar"
             elif name == "x0_lambdas":
                 role = "x0_scalar"
+            elif name in ("smear_gate.weight", "smear_lambda", "backout_lambda"):
+                role = "smear_backout"
             else:
                 raise RuntimeError(f"parameter {name} has no optimizer role; add it to GPT.named_param_groups")
             groups[role].append((name, p))
@@ -321,11 +452,12 @@ class GPT(nn.Module):
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token, as nanochat and the PaLM appendix count them: 6 x the parameters that multiply
-        (hidden matrices + lm_head; forward 2, backward 4) + 12 x layers x width x sequence (attention scores and
-        values, forward and backward, without the causal halving). Embedding lookups and scalars are free."""
+        (hidden matrices + lm_head; forward 2, backward 4) + 12 x width x the keys each layer's queries see
+        (attention scores and values, forward and backward, without the causal halving: the sequence, or the
+        window where a layer has one). Embedding lookups, gates of one output and scalars are free."""
         c = self.config
         multiplying = self.param_counts()["hidden matrices"] + self.lm_head.weight.numel()
-        return 6 * multiplying + 12 * c.n_layer * c.n_embd * c.sequence_len
+        return 6 * multiplying + sum(12 * c.n_embd * min(w or c.sequence_len, c.sequence_len) for w in c.windows)
 
     def param_counts(self) -> dict[str, int]:
         counts = {role: sum(p.numel() for _, p in params) for role, params in self.named_param_groups().items()}
@@ -334,5 +466,5 @@ class GPT(nn.Module):
             "hidden matrices": counts.get("matrix", 0),
             "embeddings (wte + lm_head)": counts.get("embedding", 0) + counts.get("unembedding", 0),
             "value embeddings": counts.get("value_embedding", 0),
-            "scalars": sum(counts.get(r, 0) for r in ("resid_scalar", "x0_scalar", "xsa_theta")),
+            "scalars": sum(counts.get(r, 0) for r in ("resid_scalar", "x0_scalar", "smear_backout", "xsa_theta")),
         }

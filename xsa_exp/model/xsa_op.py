@@ -15,12 +15,24 @@ import torch
 def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor, alpha: float | torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Remove alpha times the projection of y onto v along the last dim.
 
-    y, v: (B, H, T, D). alpha: a float, or a tensor broadcastable to (B, H, T, 1), e.g. (1, H, 1, 1).
+    y: (B, H, T, D); v: (B, H, T, D), or (B, H_kv, T, D) under grouped-query attention, where each group of
+    H / H_kv query heads is projected onto its shared value (broadcast, not copied). alpha: a float, or a
+    tensor broadcastable to (B, H, T, 1), e.g. (1, H, 1, 1).
     The projection and the subtraction run in fp32 (or the inputs' precision, where higher) and the result
     is cast once: where y is nearly parallel to v, z is a small difference of large terms, and bf16 rounding
     of either term would leave a visible component along v. The clamp keeps v = 0 finite (the projection is
     then 0 and z = y).
     """
+    if v.size(1) != y.size(1):  # grouped: (B, H_kv, group, T, D) against (B, H_kv, 1, T, D)
+        B, H, T, D = y.shape
+        y, v = y.reshape(B, v.size(1), H // v.size(1), T, D), v.unsqueeze(2)
+        if isinstance(alpha, torch.Tensor) and alpha.dim() == 4:
+            alpha = alpha.reshape(alpha.size(0), v.size(1), -1, *alpha.shape[2:]) if alpha.size(1) == H else alpha.unsqueeze(1)
+        return _project_out(y, v, alpha, eps).view(B, H, T, D)
+    return _project_out(y, v, alpha, eps)
+
+
+def _project_out(y: torch.Tensor, v: torch.Tensor, alpha: float | torch.Tensor, eps: float) -> torch.Tensor:
     compute = torch.promote_types(torch.promote_types(y.dtype, v.dtype), torch.float32)
     yc, vc = y.to(compute), v.to(compute)
     dot = (yc * vc).sum(dim=-1, keepdim=True)

@@ -22,7 +22,7 @@ from torch.optim.adamw import adamw
 # Keller Jordan's quintic, maximising the slope at zero (same as torch.optim.Muon).
 QUINTIC_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 # Polar Express (Amsel et al. 2025, arXiv:2505.16932), one (a, b, c) per iteration, as used in
-# modded-nanogpt and nanochat with a 2% safety factor on the initial normalisation.
+# modded-nanogpt and nanochat (whose 94b73ad normalises by 1.01 x the Frobenius norm, as we do).
 POLAR_EXPRESS_COEFFICIENTS = (
     (8.156554524902461, -22.48329292557795, 15.878769915207462),
     (4.042929935166739, -2.808917465908714, 0.5000178451051316),
@@ -50,7 +50,7 @@ def orthogonalize(g: torch.Tensor, ns_steps: int = 5, coefficients: str = "quint
     stacked = x.ndim == 3
     norm = x.norm(dim=(-2, -1), keepdim=True) if stacked else x.norm()
     if coefficients == "polar_express":
-        x = x / (norm * 1.02 + 1e-6)
+        x = x / (norm * 1.01 + 1e-6)
         schedule = [POLAR_EXPRESS_COEFFICIENTS[min(i, len(POLAR_EXPRESS_COEFFICIENTS) - 1)] for i in range(ns_steps)]
     else:
         x = x / norm.clamp(min=1e-7)
@@ -62,10 +62,34 @@ def orthogonalize(g: torch.Tensor, ns_steps: int = 5, coefficients: str = "quint
     return x.mT if transposed else x
 
 
+def variance_reduce(update: torch.Tensor, second_moment: torch.Tensor, new_weight: float | torch.Tensor) -> torch.Tensor:
+    """NorMuon-style variance reduction (arXiv:2510.05491), as nanochat 94b73ad runs it after orthogonalization:
+    each row of a tall matrix (column of a wide one) is divided by the running RMS of its own entries, then the
+    matrix is rescaled to the Frobenius norm it had. second_moment, (rows, 1) or (1, cols) per matrix (or a stack),
+    moves in place towards this update's mean squares by new_weight = 1 - beta2 (a 0-dim tensor of 0 on a
+    skipped update: the moment stays as it was)."""
+    reduce_dim = -1 if update.size(-2) >= update.size(-1) else -2
+    mean_sq = update.float().square().mean(dim=reduce_dim, keepdim=True)
+    n = update.size(reduce_dim)
+    norm = (mean_sq.sum(dim=(-2, -1), keepdim=True) * n).sqrt()
+    second_moment.lerp_(mean_sq.to(second_moment.dtype), new_weight)
+    step_size = second_moment.clamp_min(1e-10).rsqrt()
+    new_norm = ((mean_sq * n) * step_size.float().square()).sum(dim=(-2, -1), keepdim=True).sqrt()
+    return update * (step_size * (norm / new_norm.clamp_min(1e-10))).to(update.dtype)
+
+
+def second_moment_shape(shape: torch.Size) -> tuple[int, int]:
+    """One entry per row of a tall (or square) matrix, per column of a wide one."""
+    return (shape[0], 1) if shape[0] >= shape[1] else (1, shape[1])
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Param groups carry `algorithm`; Muon groups: lr, momentum, nesterov, ns_steps, ns_coefficients,
-    ns_dtype (optional, "bfloat16" by default), sharded (optional), weight_decay; AdamW groups: lr, betas,
-    eps, weight_decay, fused (optional, False by default). Both use decoupled weight decay."""
+    ns_dtype (optional, "bfloat16" by default), sharded (optional), weight_decay, variance_reduction and
+    beta2 (optional, off), cautious_weight_decay (optional, off); AdamW groups: lr, betas, eps, weight_decay,
+    fused (optional, False by default). Both use decoupled weight decay: Muon's as torch.optim.Muon (the weights
+    x (1 - lr wd)), or, cautious, as nanochat (lr wd w subtracted only where the update and w agree in sign, with
+    Muon's shape-adjusted lr)."""
 
     def __init__(self, param_groups: list[dict]):
         for group in param_groups:
@@ -91,6 +115,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _muon_step(self, group: dict) -> None:
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
+        variance_reduction, cautious = group.get("variance_reduction", False), group.get("cautious_weight_decay", False)
         ns_dtype = getattr(torch, group.get("ns_dtype", "bfloat16"))
         params = [p for p in group["params"] if p.grad is not None]
         # sharded: under torch.distributed each rank orthogonalizes every world_size-th matrix and
@@ -111,6 +136,8 @@ class MuonAdamW(torch.optim.Optimizer):
                 p.grad.masked_fill_(skipped, 0)
             grad = p.grad
             state["momentum_buffer"].lerp_(grad, 1 - momentum if keep is None else keep * (1 - momentum))
+            if variance_reduction and "second_moment" not in state:
+                state["second_moment"] = torch.zeros(second_moment_shape(p.shape), dtype=p.dtype, device=p.device)
             if i % world == rank:
                 # Stacked by shape on a GPU (a few batched Newton-Schulz instead of one per matrix: fewer, larger
                 # kernels); one matrix at a time on a CPU, where it measured faster (BENCHMARKS.md).
@@ -120,20 +147,42 @@ class MuonAdamW(torch.optim.Optimizer):
         for owned in owned_by_shape.values():
             bufs = [self.state[params[i]]["momentum_buffer"] for i, _ in owned]
             momenta = [grad.lerp(buf, momentum) if group["nesterov"] else buf for (_, grad), buf in zip(owned, bufs)]
-            orthogonal = orthogonalize(momenta[0] if len(momenta) == 1 else torch.stack(momenta), group["ns_steps"],
+            stacked = len(momenta) > 1
+            orthogonal = orthogonalize(torch.stack(momenta) if stacked else momenta[0], group["ns_steps"],
                                        group["ns_coefficients"], ns_dtype)
             if keep is not None:
                 orthogonal.mul_(keep)
-            for (i, _), update in zip(owned, orthogonal.unbind(0) if orthogonal.ndim == 3 else [orthogonal]):
+            for (i, _), update in zip(owned, orthogonal.unbind(0) if stacked else [orthogonal]):
                 updates[i] = update
         if sharded:  # broadcast sends raw memory: each matrix contiguous
             updates = [u.contiguous() for u in updates]
             for handle in [dist.broadcast(u, src=i % world, async_op=True) for i, u in enumerate(updates)]:
                 handle.wait()
+        if variance_reduction:  # after the broadcast, on every rank: the second moments stay identical everywhere
+            self._variance_reduce(params, updates, 1 - group["beta2"] if keep is None else keep * (1 - group["beta2"]))
         for p, update in zip(params, updates):
-            if wd:
+            shape_lr = lr * math.sqrt(max(1.0, p.size(0) / p.size(1)))
+            if wd and cautious:
+                decay = (shape_lr * wd) * p * (update * p >= 0)
+                p.sub_(decay if keep is None else decay * keep)
+            elif wd:
                 p.mul_(1 - lr * wd if keep is None else torch.where(keep.bool(), 1 - lr * wd, 1.0))
-            p.add_(update.to(p.dtype), alpha=-lr * math.sqrt(max(1.0, p.size(0) / p.size(1))))
+            p.add_(update.to(p.dtype), alpha=-shape_lr)
+
+    def _variance_reduce(self, params: list[torch.Tensor], updates: list[torch.Tensor], new_weight) -> None:
+        by_shape = defaultdict(list)  # stacked by shape on a GPU, as the orthogonalization
+        for i, p in enumerate(params):
+            by_shape[p.shape if p.is_cuda else i].append(i)
+        for indices in by_shape.values():
+            moments = [self.state[params[i]]["second_moment"] for i in indices]
+            if len(indices) == 1:
+                updates[indices[0]] = variance_reduce(updates[indices[0]], moments[0], new_weight)
+                continue
+            moment = torch.stack(moments)
+            reduced = variance_reduce(torch.stack([updates[i] for i in indices]), moment, new_weight)
+            torch._foreach_copy_(moments, list(moment.unbind(0)))
+            for i, update in zip(indices, reduced.unbind(0)):
+                updates[i] = update
 
     def _adamw_step(self, group: dict) -> None:
         fused = group.get("fused", False)
