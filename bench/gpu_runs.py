@@ -4,8 +4,9 @@ eager and compiled, and the exactness checks on the device. Part of `bash bench/
     python bench/gpu_runs.py --out gpu_runs.json            # on a CUDA machine
     python bench/gpu_runs.py --smoke --out smoke.json       # the same plumbing at tiny shapes, on any device
 
-1. One `python train.py` per (preset, mode), one arm (alpha = 1), the preset's micro-batch and global
-   batch, `--steps` updates, on a parquet corpus written here (documents of random words, so a 32,768-token
+1. One `python train.py` per (preset, mode), one arm (alpha = 1), the study's stack (stack=nanochat_2604:
+   sliding windows through FlexAttention; no lr warmup, which is longer than these runs), the preset's
+   micro-batch and global batch, `--steps` updates, on a parquet corpus written here (documents of random words, so a 32,768-token
    BPE can be learned; the text does not matter for speed), a console line (a host sync) every 4 updates.
    From each run's metrics.csv: the median train/tokens_per_sec, train/mfu and the peak
    train/peak_memory_gb over the updates after the first 4 (compilation, warm-up), the mean time of those
@@ -13,7 +14,8 @@ eager and compiled, and the exactness checks on the device. Part of `bash bench/
    predicts. A run that fails (out of memory, say) is recorded with its last error line.
 2. On the device: the XSA op at alpha = 0 returns y bit for bit (bf16) and a model at alpha = 0 gives
    standard attention's logits bit for bit under bf16 autocast; alpha = 1 makes z_i orthogonal to v_i under
-   bf16 autocast (max |cos(z_i, v_i)| over layers and heads); greedy KV-cached generation equals full
+   bf16 autocast (max |cos(z_i, v_i)| over layers and heads); windowed attention (FlexAttention on CUDA)
+   against SDPA with the same mask (max |difference|, bf16, GQA); greedy KV-cached generation equals full
    recomputation in fp32; and a compiled bf16 training run whose updates between host-sync steps run under
    torch.cuda.set_sync_debug_mode("warn"): the synchronizing CUDA calls they make (0 expected).
 Writes one JSON file and prints a table for BENCHMARKS.md.
@@ -34,6 +36,8 @@ from datetime import date
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from data_loader import write_corpus  # bench/data_loader.py, beside this script: documents of random words
 from hydra import compose, initialize_config_dir
 
 from xsa_exp.callbacks import HostSync
@@ -41,8 +45,7 @@ from xsa_exp.eval.diagnostics import attention_diagnostics
 from xsa_exp.generate import generate
 from xsa_exp.memory import predicted_peak_bytes
 from xsa_exp.model import GPT, GPTConfig, XSASettings, exclusive_self_attention
-
-from data_loader import write_corpus  # bench/data_loader.py, beside this script: documents of random words
+from xsa_exp.model.gpt import causal_attention, window_mask
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("d12", "d24")
@@ -58,7 +61,8 @@ def compose_cfg(overrides: list[str]):
 
 def throughput_run(name: str, overrides: list[str], compiled: bool, workdir: Path, steps: int) -> dict:
     run_dir = workdir / name
-    args = [*overrides, f"train.compile={str(compiled).lower()}", f"train.max_steps={steps}", "eval.every=0",
+    args = [*overrides, "stack=nanochat_2604", "optim.schedule.warmup_steps=0", f"train.compile={str(compiled).lower()}",
+            f"train.max_steps={steps}", "eval.every=0",
             "eval.core_every=0", "eval.diag_every=0", "logger=csv", f"log.print_every={WARMUP}", "xsa.alpha=1",
             f"hydra.run.dir={run_dir}"]
     result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=900,
@@ -100,6 +104,12 @@ def exactness_checks(device: str, smoke: bool) -> dict:
     checks = {}
     y, v = (torch.randn(2, 4, 64, 64, device=device, dtype=torch.bfloat16) for _ in range(2))
     checks["op_alpha0_returns_y_bf16"] = bool(torch.equal(exclusive_self_attention(y, v, 0.0), y))
+    T = shape["sequence_len"]
+    q, k, v = (torch.randn(2, heads, T, 64, device=device, dtype=torch.bfloat16) for heads in (12, 4, 4))
+    window = T // 4
+    dense = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(torch.arange(T, device=device), T, window),
+                                           enable_gqa=True)
+    checks["window_attention_max_abs_diff_from_masked_sdpa_bf16"] = float((causal_attention(q, k, v, window) - dense).abs().max())
     all_layers = list(range(shape["n_layer"]))
     with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
         checks["alpha0_model_equals_standard_attention_bf16"] = bool(

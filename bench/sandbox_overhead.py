@@ -16,8 +16,8 @@ import json
 import statistics
 import time
 
-from xsa_exp.eval.chat import BUNDLE_FILES, humaneval_program
 from xsa_exp.eval.bundle import resolve_bundle_dir
+from xsa_exp.eval.chat import BUNDLE_FILES, humaneval_program
 from xsa_exp.eval.sandbox import MODES, run_program, unavailable_reason
 
 

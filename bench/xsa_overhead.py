@@ -7,7 +7,8 @@
 XSA: full training steps (forward, backward, MuonAdamW step) for alpha = 0 (standard attention),
 alpha = 1 and learnable alpha on the same initial weights and the same batch, interleaved
 A/B/C, A/B/C, ... after warm-up (the order rotates every repeat), so slow drifts of the machine hit
-every arm alike; each timed step starts from the arm's state after warm-up (restored untimed). Reported: median step time, the median of the per-repeat ratios to alpha = 0 with
+every arm alike; each timed step starts from the arm's state after warm-up (restored untimed). Reported: median
+step time, the median of the per-repeat ratios to alpha = 0 with
 a bootstrap 95% interval, tokens/s, and peak memory (GPU: per arm; CPU: the process's peak RSS).
 
 Lightning: the same model, optimizer, schedule and batch trained by `Trainer.fit` and by a plain

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
 

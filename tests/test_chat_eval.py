@@ -9,10 +9,19 @@ from omegaconf import OmegaConf
 from tests.conftest import REPO
 from tests.test_core import REAL_BUNDLE as BUNDLE
 from xsa_exp.data.sources import DataError
-from xsa_exp.eval.bundle import BundleError
 from xsa_exp.data.tokenizer import Tokenizer
-from xsa_exp.eval.chat import (BUNDLE_FILES, TASKS, ChatCoreResult, ChatTaskResult, categorical_predictions,
-                               evaluate_chat, final_number, humaneval_program, same_number)
+from xsa_exp.eval.bundle import BundleError
+from xsa_exp.eval.chat import (
+    BUNDLE_FILES,
+    TASKS,
+    ChatCoreResult,
+    ChatTaskResult,
+    categorical_predictions,
+    evaluate_chat,
+    final_number,
+    humaneval_program,
+    same_number,
+)
 from xsa_exp.eval.sandbox import run_program
 from xsa_exp.generate import CalculatorTool, calculate, generate
 from xsa_exp.model import GPTConfig

@@ -10,8 +10,8 @@ import pytest
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
-from tests.test_resume import final_weights, rows
 from tests.conftest import REPO
+from tests.test_resume import final_weights, rows
 from xsa_exp.cluster import available_cpus, cluster_plugins
 from xsa_exp.run_dir import read_status
 

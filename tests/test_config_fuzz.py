@@ -47,7 +47,8 @@ def bases(tmp_path, monkeypatch):
     (base_run / "checkpoints" / "final.ckpt").touch()
     (base_run / "config.yaml").write_text(OmegaConf.to_yaml(compose_config(), resolve=True))
     sft = [f"data.train_sources.{name}.data_files={FIXTURES / f'{name}_train.jsonl'}"
-           for name in ("smoltalk", "mmlu_auxiliary", "gsm8k")] + [f"data.val_sources.smoltalk.data_files={FIXTURES / 'smoltalk_test.jsonl'}"]
+           for name in ("smoltalk", "mmlu_auxiliary", "gsm8k")]
+    sft.append(f"data.val_sources.smoltalk.data_files={FIXTURES / 'smoltalk_test.jsonl'}")
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)  # a run directory would be created here
@@ -144,7 +145,8 @@ def test_a_sweep_checks_every_job_before_the_first(bases):
 
 def test_the_embedded_corpus_refuses_a_vocabulary_it_cannot_supply():
     message = refusal("train", ["depth=d12"])
-    assert message.startswith(f"model.vocab_size=32768 is more than the embedded corpus supports (at most {SAMPLE_CORPUS_MAX_VOCAB} tokens)")
+    assert message.startswith("model.vocab_size=32768 is more than the embedded corpus supports "
+                              f"(at most {SAMPLE_CORPUS_MAX_VOCAB} tokens)")
     preflight("train", [f"model.vocab_size={SAMPLE_CORPUS_MAX_VOCAB}"], CONF_DIR)
 
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from tests.conftest import REPO, SMALL, compose_config
-from xsa_exp.run_dir import RunError, load_trained
 from xsa_exp.errors import UserError
 from xsa_exp.evaluate_run import evaluate
+from xsa_exp.run_dir import RunError, load_trained
 from xsa_exp.training import train
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,8 @@ def test_diagnostics_per_layer_and_head(run_dir):
     assert all(abs(float(r["out_self_cos"])) < 1e-4 for r in rows)  # alpha = 1 in every layer
 
 
-@pytest.mark.skipif(not (BUNDLE / "core.yaml").is_file(), reason=f"eval bundle not found at {BUNDLE}; CORE tests need ../shared/eval_bundle")
+@pytest.mark.skipif(not (BUNDLE / "core.yaml").is_file(),
+                    reason=f"eval bundle not found at {BUNDLE}; CORE tests need ../shared/eval_bundle")
 def test_core_on_the_real_bundle_writes_per_task_and_per_example_results(run_dir):
     out = evaluate(eval_cfg(run_dir, "eval.metrics=[core]", f"eval.bundle_dir={BUNDLE}", "eval.core_max_per_task=2"))
     summary = json.loads((out / "summary.json").read_text())

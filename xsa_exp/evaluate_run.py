@@ -21,14 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp.console import quiet_libraries
 from xsa_exp.data.datamodule import TextDataModule, describe_val_scope
-from xsa_exp.eval.bpb import evaluate_bpb
-from xsa_exp.eval.chat import evaluate_chat
-from xsa_exp.eval.bundle import require_bundle, resolve_bundle_dir
-from xsa_exp.eval.core import evaluate_core
-from xsa_exp.eval.diagnostics import METRICS as DIAGNOSTICS, attention_diagnostics
 from xsa_exp.errors import UserError
-from xsa_exp.run_dir import (TOKENIZER, LoadedRun, eval_summary, load_trained, new_eval_dir, trained_precision,
-                             write_summary)
+from xsa_exp.eval.bpb import evaluate_bpb
+from xsa_exp.eval.bundle import require_bundle, resolve_bundle_dir
+from xsa_exp.eval.chat import evaluate_chat
+from xsa_exp.eval.core import evaluate_core
+from xsa_exp.eval.diagnostics import METRICS as DIAGNOSTICS
+from xsa_exp.eval.diagnostics import attention_diagnostics
+from xsa_exp.run_dir import TOKENIZER, LoadedRun, eval_summary, load_trained, new_eval_dir, trained_precision, write_summary
 
 KNOWN_METRICS = ("bpb", "core", "diagnostics", "chatcore")
 

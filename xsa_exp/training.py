@@ -16,11 +16,19 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp import run_dir as rd
+from xsa_exp.callbacks import (
+    AttentionDiagnostics,
+    CoreEvaluation,
+    HostSync,
+    PeriodicCheckpoint,
+    PreemptionCheckpoint,
+    TrainMetrics,
+    UpdateClock,
+    ValidationBPB,
+)
 from xsa_exp.cluster import cluster_plugins, device_peak_flops, export_submitit_local_ranks
-from xsa_exp.callbacks import (AttentionDiagnostics, CoreEvaluation, HostSync, PeriodicCheckpoint, PreemptionCheckpoint,
-                               TrainMetrics, UpdateClock, ValidationBPB)
-from xsa_exp.console import quiet_libraries, quiet_wandb_logger
 from xsa_exp.config import ConfigError, grad_accumulation, validate, world_size
+from xsa_exp.console import quiet_libraries, quiet_wandb_logger
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.lightning_module import LanguageModel

@@ -85,7 +85,8 @@ class TextDataModule(L.LightningDataModule):
             self.tokenizer, self.tokenizer_dir = load_or_train_tokenizer(
                 self.cache_dir, self.tokenizer_key, self.vocab_size, self.tokenizer_texts)
         if self.tokenizer.vocab_size != self.vocab_size:
-            raise ValueError(f"tokenizer at {self.tokenizer_dir} has {self.tokenizer.vocab_size} tokens, model.vocab_size is {self.vocab_size}")
+            raise ValueError(f"tokenizer at {self.tokenizer_dir} has {self.tokenizer.vocab_size} tokens, "
+                             f"model.vocab_size is {self.vocab_size}")
         self.token_bytes = self.tokenizer.token_bytes()
         row_len = self.sequence_len + 1
         if self.data_cfg.name == "sft":

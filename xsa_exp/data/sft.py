@@ -30,6 +30,7 @@ from xsa_exp.data.packing import cut_rows, mask_tokens
 from xsa_exp.data.sources import FORMATS, DataError, match_files, offline_variable
 from xsa_exp.data.tokenizer import Tokenizer
 
+
 def load_rows(key: str, source: DictConfig):
     """The rows of one source (config key `key`), a `datasets.Dataset`; at most source.max_rows of them."""
     import datasets

@@ -24,8 +24,8 @@ import glob
 import hashlib
 import os
 from collections.abc import Callable, Iterator
-from itertools import count
 from dataclasses import dataclass
+from itertools import count
 from pathlib import Path, PurePosixPath
 
 from omegaconf import DictConfig, OmegaConf

@@ -37,7 +37,6 @@ from xsa_exp.data.packing import packed_rows
 from xsa_exp.data.sources import DataError, StreamedCorpus, read_documents
 from xsa_exp.data.tokenizer import Tokenizer
 
-
 # A prime above any epoch count a run reaches: seed * EPOCH_SEED_STRIDE + epoch is then one distinct seed per
 # (seed, epoch) pair, so two runs' seeds never give the same epoch order (with a stride of 1, seed 1 epoch 1 and
 # seed 2 epoch 0 would shuffle alike). Changing it changes every data order, so every number.

@@ -8,8 +8,8 @@
   rule) must equal the reference.
 - HumanEval (generative): the code of the answer (its first ```python block, else all of it) with the
   prompt's imports, the task's tests and check(entry_point) runs in the sandbox (sandbox.py), in the
-  strongest isolation mode the machine allows (recorded as ``sandbox``); it passes when the tests do. An answer that does not define the entry point is read as the function's
-  body and appended to the prompt.
+  strongest isolation mode the machine allows (recorded as ``sandbox``); it passes when the tests do. An
+  answer that does not define the entry point is read as the function's body and appended to the prompt.
 
 ChatCORE = mean over tasks of the centered accuracy (acc - b) / (1 - b), b = 0.25 for the
 multiple-choice tasks (four options) and 0 for GSM8K and HumanEval. With a task missing the result

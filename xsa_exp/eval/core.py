@@ -53,8 +53,16 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from xsa_exp.eval.bundle import (CORE_META_FILE, CORE_TASKS_FILE, DOWNLOAD_COMMAND, BundleError, check_bundle, check_fields,
-                                 data_path, read_examples)
+from xsa_exp.eval.bundle import (
+    CORE_META_FILE,
+    CORE_TASKS_FILE,
+    DOWNLOAD_COMMAND,
+    BundleError,
+    check_bundle,
+    check_fields,
+    data_path,
+    read_examples,
+)
 from xsa_exp.model import evaluating
 
 N_CORE_TASKS = 22

@@ -137,7 +137,8 @@ def window_mask(query_pos: torch.Tensor, key_len: int, window: int | None) -> to
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
     """Causal attention of q (B, H, T, D) over k, v (B, H_kv, T, D), each query within its window. Full context
     is SDPA's causal kernel; a window is FlexAttention's block-sparse kernel on CUDA (the dense-mask SDPA that
-    nanochat warns about skips nothing) and SDPA with a boolean mask on a CPU (the faster here, BENCHMARKS.md)."""
+    nanochat warns about skips nothing) and SDPA with a boolean mask on a CPU (FlexAttention has no CPU backward;
+    the cost there: BENCHMARKS.md, "Sliding windows on CPU")."""
     gqa = k.size(1) != q.size(1)
     if window is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)

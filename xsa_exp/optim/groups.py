@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 # Roles whose AdamW lr shrinks with width as (n_embd / 768)^-0.5, as nanochat does; scalars keep theirs.
 WIDTH_SCALED_ROLES = ("embedding", "value_embedding", "unembedding")
 

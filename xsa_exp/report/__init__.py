@@ -28,11 +28,9 @@ runs.
 """
 
 from xsa_exp.report.cli import build_report, main
-from xsa_exp.report.compare import (ArmResult, compare, optimizer_interactions, scale_trend, setting_trends,
-                                    stability)
+from xsa_exp.report.compare import ArmResult, compare, optimizer_interactions, scale_trend, setting_trends, stability
 from xsa_exp.report.runs import Arm, ReportError, Run, load_run
-from xsa_exp.report.stats import (Estimate, band, bootstrap_examples, count_spikes, mean_ci, relative_change,
-                                  t_quantile)
+from xsa_exp.report.stats import Estimate, band, bootstrap_examples, count_spikes, mean_ci, relative_change, t_quantile
 from xsa_exp.report.sweep import expected_jobs, sweep_jobs
 
 __all__ = ["Arm", "ArmResult", "Estimate", "ReportError", "Run", "band", "bootstrap_examples", "build_report",

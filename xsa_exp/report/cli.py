@@ -10,8 +10,7 @@ from pathlib import Path
 from xsa_exp.errors import exit_on_user_error
 from xsa_exp.report import compare as cmp
 from xsa_exp.report import plots, render
-from xsa_exp.report.runs import (Problem, ReportError, Run, RunProblem, assign_settings, discover, incomplete_reason,
-                                 load_run, setting_name)
+from xsa_exp.report.runs import Problem, ReportError, Run, RunProblem, assign_settings, discover, incomplete_reason, load_run, setting_name
 from xsa_exp.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 
 DESCRIPTION = "The study's report: tables, statistics and plots from run directories."

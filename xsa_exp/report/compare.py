@@ -12,8 +12,17 @@ import numpy as np
 import pandas as pd
 
 from xsa_exp.report.runs import Arm, Run, setting_name
-from xsa_exp.report.stats import (Estimate, aggregate_of, bootstrap_examples, interaction, mean_ci,
-                                  paired_difference, relative_change, run_spikes, seed_differences)
+from xsa_exp.report.stats import (
+    Estimate,
+    aggregate_of,
+    bootstrap_examples,
+    interaction,
+    mean_ci,
+    paired_difference,
+    relative_change,
+    run_spikes,
+    seed_differences,
+)
 
 
 @dataclass

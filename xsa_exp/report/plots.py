@@ -14,7 +14,6 @@ from xsa_exp.report.render import REPORTED_DIAGNOSTICS
 from xsa_exp.report.stats import band
 
 
-
 def plot_band(ax, curve: pd.DataFrame, x: str, color: str, label: str | None, **line) -> None:
     """The mean over seeds as a line, the min–max over seeds as a shaded band."""
     ax.plot(curve[x], curve["mean"], color=color, label=label, **line)

@@ -11,7 +11,6 @@ from xsa_exp.report.compare import ArmResult, OptimizerInteraction, StabilityRow
 from xsa_exp.report.runs import Problem, Run, describe_scope, setting_name
 from xsa_exp.report.stats import RELATIVE_MIN_BASELINE, SPIKE_RISE, WARMUP_FRACTION, Estimate
 
-
 # The attention diagnostics the report tabulates and plots per layer (xsa_exp.eval.diagnostics has them all).
 REPORTED_DIAGNOSTICS = ("attn_self_cos", "out_self_cos", "diag_attn", "attn_entropy")
 

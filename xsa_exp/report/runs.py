@@ -82,7 +82,7 @@ class Arm:
 # Config keys whose values, where they differ between runs of one depth, make those runs different settings (e.g.
 # "tiny · sequence_len=512"), compared and trended apart: the model's shape and switches, the training length and
 # batch, the corpus and the precision. The arm's keys (xsa.*, the optimizer) and the seed are not settings.
-SETTING_KEYS = ("stack_name", "model.", "train.max_steps", "train.total_batch_tokens", "data.name", "trainer.precision")
+SETTING_KEYS = ("stack_name", "model.", "optim.muon.", "train.max_steps", "train.total_batch_tokens", "data.name", "trainer.precision")
 
 
 @dataclass
