@@ -1,4 +1,5 @@
-"""Evaluate a trained run: python evaluate.py run=<run dir or checkpoint> [eval.metrics=[bpb,core,diagnostics,chatcore]]. See README."""
+"""Evaluate a trained run: python evaluate.py run=<run dir or checkpoint>
+[eval.metrics=[bpb,core,diagnostics,chatcore]]. See README."""
 
 from pathlib import Path
 

@@ -78,7 +78,8 @@ def compare(nanochat, n_kv_head: int, ns_dtype: str, weight_decay: float) -> Non
     theirs = nanochat_model(nanochat, n_kv_head)
     ours, cfg = our_model(n_kv_head, ns_dtype, weight_decay)
     ours.load_state_dict({our_name(k): v for k, v in theirs.state_dict().items()})
-    pairs = [(our_name(name), p, dict(ours.named_parameters())[our_name(name)]) for name, p in theirs.named_parameters()]
+    pairs = [(our_name(name), p, dict(ours.named_parameters())[our_name(name)])
+             for name, p in theirs.named_parameters()]
     torch.manual_seed(1)
     idx = torch.randint(0, SHAPE["vocab_size"], (4, SHAPE["sequence_len"]))
     label = f"n_kv_head={n_kv_head}, our Newton-Schulz in {ns_dtype}, Muon weight decay {weight_decay}"
@@ -87,11 +88,12 @@ def compare(nanochat, n_kv_head: int, ns_dtype: str, weight_decay: float) -> Non
             diff = (theirs(idx) - ours(idx)).abs().max().item()
         print(f"forward ({label}): max |logit difference| = {diff:.2e}")
 
-    optimizer = theirs.setup_optimizer(unembedding_lr=0.008, embedding_lr=0.3, matrix_lr=0.02, weight_decay=weight_decay,
-                                       scalar_lr=0.5)
+    optimizer = theirs.setup_optimizer(unembedding_lr=0.008, embedding_lr=0.3, matrix_lr=0.02,
+                                       weight_decay=weight_decay, scalar_lr=0.5)
     ours_opt = MuonAdamW(build_param_groups(ours, cfg.optim))
-    schedule = WarmupConstantWarmdown(ours_opt, TOTAL_STEPS, cfg.optim.schedule.warmup_steps, cfg.optim.schedule.warmdown_frac,
-                                      cfg.optim.schedule.final_lr_frac, cfg.optim.muon.momentum_start, cfg.optim.muon.momentum,
+    schedule = WarmupConstantWarmdown(ours_opt, TOTAL_STEPS, cfg.optim.schedule.warmup_steps,
+                                      cfg.optim.schedule.warmdown_frac, cfg.optim.schedule.final_lr_frac,
+                                      cfg.optim.muon.momentum_start, cfg.optim.muon.momentum,
                                       cfg.optim.muon.momentum_warmup_steps, cfg.optim.muon.momentum_warmdown,
                                       cfg.optim.muon.weight_decay_schedule)
     role_of = {id(p): g["role"] for g in ours_opt.param_groups for p in g["params"]}

@@ -49,13 +49,15 @@ def main() -> None:
         print(f"CORE throughput skipped: the eval bundle is {bundle_problem(bundle)} "
               "(python -m xsa_exp.eval.bundle download, or --bundle / $XSA_EXP_EVAL_BUNDLE)")
         return
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if args.device == "cuda" else torch.autocast("cpu", enabled=False)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if args.device == "cuda"
+                else torch.autocast("cpu", enabled=False))
     start = time.perf_counter()
     with autocast:
         result = evaluate_core(model, ByteTokenizer(), bundle, cfg.model.sequence_len, args.max_per_task)
     elapsed = time.perf_counter() - start
     n = len(result.examples)
-    print(f"depth={args.depth} device={args.device} {result.name}: {n} examples in {elapsed:.1f} s = {n / elapsed:.1f} examples/s")
+    print(f"depth={args.depth} device={args.device} {result.name}: {n} examples in {elapsed:.1f} s "
+          f"= {n / elapsed:.1f} examples/s")
 
 
 if __name__ == "__main__":

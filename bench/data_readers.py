@@ -76,7 +76,8 @@ def one_reader(data: TextDataModule, ranks: int, repeats: int) -> dict:
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
     tokens = n_rows * rows.row_len
-    return {"ranks": ranks, "documents": documents, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    return {"ranks": ranks, "documents": documents, "tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds}
 
 
 def main() -> None:
@@ -107,7 +108,8 @@ def main() -> None:
           f"{'x d12 GPU':>9} | {'x d24 GPU':>9}")
     for r in results:
         print(f"{r['ranks']:>3} | {r['documents']:>16,} | {r['tokens']:>13,} | {r['seconds']:>6.1f} | "
-              f"{r['tokens_per_s']:>15,.0f} | {r['tokens_per_s'] / gpu['d12']:>9.2f} | {r['tokens_per_s'] / gpu['d24']:>9.2f}")
+              f"{r['tokens_per_s']:>15,.0f} | {r['tokens_per_s'] / gpu['d12']:>9.2f} | "
+              f"{r['tokens_per_s'] / gpu['d24']:>9.2f}")
     print(f"one GPU at 40% MFU consumes {gpu['d12']:,.0f} tokens/s at d12 and {gpu['d24']:,.0f} at d24")
 
 

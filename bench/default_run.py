@@ -48,7 +48,8 @@ def run_once(run_dir: Path, overrides: list[str]) -> dict:
         sys.exit(f"train.py {' '.join(overrides)} failed:\n{run_dir.with_suffix('.log').read_text()[-3000:]}")
     with open(run_dir / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    speed = [float(r["train/tokens_per_sec"]) for r in rows if r.get("train/tokens_per_sec") and int(r["step"]) > WARMUP_UPDATES]
+    speed = [float(r["train/tokens_per_sec"]) for r in rows
+             if r.get("train/tokens_per_sec") and int(r["step"]) > WARMUP_UPDATES]
     bpb = [float(r["val/bpb"]) for r in rows if r.get("val/bpb")]
     return {"wall": wall, "rss_mb": usage.ru_maxrss / 1024, "speed": speed, "bpb": bpb[-1] if bpb else None}
 

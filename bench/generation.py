@@ -33,14 +33,16 @@ def main() -> None:
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa)).to(args.device)
     prompt = torch.randint(0, cfg.model.vocab_size, (args.prompt_tokens,)).tolist()
-    print(f"depth={args.depth} device={args.device} prompt={args.prompt_tokens} new={args.new_tokens} samples={args.samples}")
+    print(f"depth={args.depth} device={args.device} prompt={args.prompt_tokens} new={args.new_tokens} "
+          f"samples={args.samples}")
     for use_cache in (True, False):
         generate(model, prompt, 8, args.samples, use_cache=use_cache)  # warm-up
         start = time.perf_counter()
         out = generate(model, prompt, args.new_tokens, args.samples, use_cache=use_cache)
         elapsed = time.perf_counter() - start
         n = sum(len(o) for o in out)
-        print(f"  {'with' if use_cache else 'without'} KV cache: {n / elapsed:,.0f} tokens/s ({n} tokens in {elapsed:.2f} s)")
+        print(f"  {'with' if use_cache else 'without'} KV cache: {n / elapsed:,.0f} tokens/s "
+              f"({n} tokens in {elapsed:.2f} s)")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ eager and compiled, and the exactness checks on the device. Part of `bash bench/
 
 1. One `python train.py` per (preset, mode), one arm (alpha = 1), the study's stack (stack=nanochat_2604:
    sliding windows through FlexAttention; no lr warmup, which is longer than these runs), the preset's
-   micro-batch and global batch, `--steps` updates, on a parquet corpus written here (documents of random words, so a 32,768-token
-   BPE can be learned; the text does not matter for speed), a console line (a host sync) every 4 updates.
+   micro-batch and global batch, `--steps` updates, on a parquet corpus written here (documents of random words,
+   so a 32,768-token BPE can be learned; the text does not matter for speed), a console line (a host sync) every
+   4 updates.
    From each run's metrics.csv: the median train/tokens_per_sec, train/mfu and the peak
    train/peak_memory_gb over the updates after the first 4 (compilation, warm-up), the mean time of those
    first 4, the recompilations torch logs (TORCH_LOGS=recompiles) and the peak memory xsa_exp/memory.py
@@ -61,8 +62,8 @@ def compose_cfg(overrides: list[str]):
 
 def throughput_run(name: str, overrides: list[str], compiled: bool, workdir: Path, steps: int) -> dict:
     run_dir = workdir / name
-    args = [*overrides, "stack=nanochat_2604", "optim.schedule.warmup_steps=0", f"train.compile={str(compiled).lower()}",
-            f"train.max_steps={steps}", "eval.every=0",
+    args = [*overrides, "stack=nanochat_2604", "optim.schedule.warmup_steps=0",
+            f"train.compile={str(compiled).lower()}", f"train.max_steps={steps}", "eval.every=0",
             "eval.core_every=0", "eval.diag_every=0", "logger=csv", f"log.print_every={WARMUP}", "xsa.alpha=1",
             f"hydra.run.dir={run_dir}"]
     result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=900,
@@ -109,7 +110,8 @@ def exactness_checks(device: str, smoke: bool) -> dict:
     window = T // 4
     dense = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(torch.arange(T, device=device), T, window),
                                            enable_gqa=True)
-    checks["window_attention_max_abs_diff_from_masked_sdpa_bf16"] = float((causal_attention(q, k, v, window) - dense).abs().max())
+    checks["window_attention_max_abs_diff_from_masked_sdpa_bf16"] = float(
+        (causal_attention(q, k, v, window) - dense).abs().max())
     all_layers = list(range(shape["n_layer"]))
     with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
         checks["alpha0_model_equals_standard_attention_bf16"] = bool(
@@ -184,12 +186,13 @@ def main() -> None:
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     capacity = torch.cuda.get_device_properties(0).total_memory / 1e9 if device == "cuda" else None
     figures = {"date": str(date.today()), "device": name, "memory_gb": capacity, "torch": torch.__version__,
-               "cuda": torch.version.cuda, "smoke": args.smoke, "runs": runs, "checks": {**exactness_checks(device, args.smoke),
-                         "synchronizing_cuda_calls_between_host_syncs": synchronizing_calls_between_host_syncs(args.smoke)}}
+               "cuda": torch.version.cuda, "smoke": args.smoke, "runs": runs,
+               "checks": {**exactness_checks(device, args.smoke), "synchronizing_cuda_calls_between_host_syncs":
+                          synchronizing_calls_between_host_syncs(args.smoke)}}
     args.out.write_text(json.dumps(figures, indent=1))
     print(f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, {date.today()}")
-    print(f"| run | micro-batch | tokens/s | MFU | peak GB (predicted) | first {WARMUP} updates s/update | steady update s "
-          "| recompiles |")
+    print(f"| run | micro-batch | tokens/s | MFU | peak GB (predicted) | first {WARMUP} updates s/update "
+          "| steady update s | recompiles |")
     print("|---|---|---|---|---|---|---|---|")
     for r in runs:
         if "error" in r:
@@ -197,8 +200,9 @@ def main() -> None:
                   f"(predicted {r['predicted_peak_gb']:.1f}) | | | |")
             continue
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
-        print(f"| {r['run']} | {r['device_batch_size']} | {r['tokens_per_sec']:,.0f} | {mfu} | {r['peak_memory_gb']:.1f} "
-              f"({r['predicted_peak_gb']:.1f}) | {r['first_updates_s']:.1f} | {r['steady_update_s']:.2f} | {r['recompiles']} |")
+        print(f"| {r['run']} | {r['device_batch_size']} | {r['tokens_per_sec']:,.0f} | {mfu} "
+              f"| {r['peak_memory_gb']:.1f} ({r['predicted_peak_gb']:.1f}) | {r['first_updates_s']:.1f} "
+              f"| {r['steady_update_s']:.2f} | {r['recompiles']} |")
     for check, value in figures["checks"].items():
         print(f"{check}: {value}")
 

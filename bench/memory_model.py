@@ -40,8 +40,8 @@ def measure(width: int, heads: int, layers: int, compiled: bool) -> int:
     # glibc then serves every block from 64 KiB with its own mmap and returns it when freed, so the resident set
     # follows the live tensors (else freed activations stay in malloc's heap and hide the next step's peak).
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    result = subprocess.run([sys.executable, __file__, "--child", str(width), str(heads), str(layers), str(int(compiled))],
-                            cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+    result = subprocess.run([sys.executable, __file__, "--child", str(width), str(heads), str(layers),
+                             str(int(compiled))], cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-2000:])
     return int(result.stdout.strip().splitlines()[-1])
@@ -108,7 +108,8 @@ def main() -> None:
         return
     figures = {"date": str(date.today()), "seq": SEQ, "vocab": VOCAB, "presets": {}}
     print(f"{'preset':<6} {'mode':<9} {'fixed B/token':>13} {'per layer B/token':>17} {'state GB':>9} "
-          f"{'micro-batch':>11} {'predicted peak GB':>17} {'fits 80 GB':>10} {'fits 141 GB':>11} {'largest batch on 80 GB':>22}")
+          f"{'micro-batch':>11} {'predicted peak GB':>17} {'fits 80 GB':>10} {'fits 141 GB':>11} "
+          f"{'largest batch on 80 GB':>22}")
     for depth, (width, heads) in WIDTHS.items():
         counts, preset = preset_counts(depth)
         state = state_bytes(counts, muon=True)
@@ -121,11 +122,13 @@ def main() -> None:
             peak = (state + batch * SEQ * per_token) / 1e9
             largest = max(0, int((80e9 - state) / (SEQ * per_token)))
             mode = "compiled" if compiled else "eager"
-            figures["presets"][f"{depth} {mode}"] = {"fixed_bytes_per_token": fixed, "per_layer_bytes_per_token": per_layer,
+            figures["presets"][f"{depth} {mode}"] = {"fixed_bytes_per_token": fixed,
+                                                     "per_layer_bytes_per_token": per_layer,
                                                      "state_gb": state / 1e9, "device_batch_size": batch,
                                                      "predicted_peak_gb": peak, "largest_batch_80gb": largest}
             print(f"{depth:<6} {mode:<9} {fixed:>13,.0f} {per_layer:>17,.0f} {state / 1e9:>9.2f} {batch:>11} "
-                  f"{peak:>17.1f} {'yes' if peak <= 80 else 'no':>10} {'yes' if peak <= 141 else 'no':>11} {largest:>22}")
+                  f"{peak:>17.1f} {'yes' if peak <= 80 else 'no':>10} {'yes' if peak <= 141 else 'no':>11} "
+                  f"{largest:>22}")
     if args.out:
         args.out.write_text(json.dumps(figures, indent=1))
 

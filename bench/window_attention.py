@@ -43,7 +43,8 @@ def attention_costs(T: int, repeats: int) -> dict[str, float]:
     window = -(-T // 4 // 128) * 128
     q, k, v = (torch.randn(8, 4, T, 32, requires_grad=True) for _ in range(3))
     mask = window_mask(torch.arange(T), T, window)
-    block_mask = create_block_mask(lambda b, h, qi, ki: (ki <= qi) & (qi - ki <= window), None, None, T, T, device="cpu")
+    block_mask = create_block_mask(lambda b, h, qi, ki: (ki <= qi) & (qi - ki <= window), None, None, T, T,
+                                   device="cpu")
     flex = torch.compile(flex_attention, dynamic=False)
     full = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     masked = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # noqa: E731
@@ -64,8 +65,8 @@ def attention_costs(T: int, repeats: int) -> dict[str, float]:
 
 def model_cost(window_pattern: str, repeats: int) -> float:
     torch.manual_seed(0)
-    model = GPT(GPTConfig(sequence_len=256, vocab_size=4096, n_layer=4, n_head=4, n_embd=128, window_pattern=window_pattern,
-                          xsa=XSASettings(layers=[0, 1, 2, 3])))
+    model = GPT(GPTConfig(sequence_len=256, vocab_size=4096, n_layer=4, n_head=4, n_embd=128,
+                          window_pattern=window_pattern, xsa=XSASettings(layers=[0, 1, 2, 3])))
     idx = torch.randint(0, 4096, (8, 256))
     return median_seconds(lambda: model(idx, idx).backward(), repeats)
 
@@ -83,7 +84,8 @@ def main() -> None:
             full = costs[f"{name.split(',')[0]}, full context (SDPA causal)"]
             print(f"attention T={T}: {name}: {seconds * 1e3:.2f} ms ({seconds / full:.2f}x full context)")
     full, windowed = model_cost("L", args.repeats), model_cost("SSSL", args.repeats)
-    print(f"tiny model forward + backward: L {full * 1e3:.1f} ms, SSSL {windowed * 1e3:.1f} ms ({windowed / full:.2f}x)")
+    print(f"tiny model forward + backward: L {full * 1e3:.1f} ms, SSSL {windowed * 1e3:.1f} ms "
+          f"({windowed / full:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -84,8 +84,8 @@ def bootstrap_median_ci(ratios: list[float], n: int = 2000, seed: int = 0) -> tu
     return medians[int(0.025 * n)], medians[int(0.975 * n) - 1]
 
 
-def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, compile_model: bool, warmup: int, repeats: int,
-                 bf16: bool):
+def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, compile_model: bool, warmup: int,
+                 repeats: int, bf16: bool):
     arms = {name: build(shape + extra, device, compile_model) for name, extra in ARMS.items()}
     cfg = next(iter(arms.values()))[0]
     batch = torch.randint(0, cfg.model.vocab_size, (batch_size, cfg.model.sequence_len + 1), device=device,
@@ -116,16 +116,19 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
     fpt = arms["alpha=0"][1].flops_per_token()
     print(f"\n{label}: n_layer={cfg.model.n_layer} n_embd={cfg.model.n_embd} n_head={cfg.model.n_head} "
           f"seq={cfg.model.sequence_len} batch={batch_size} vocab={cfg.model.vocab_size} device={device} "
-          f"compile={compile_model} {'bf16 autocast' if bf16 else 'fp32'} repeats={repeats} (after {warmup} warm-up steps per arm)")
+          f"compile={compile_model} {'bf16 autocast' if bf16 else 'fp32'} repeats={repeats} "
+          f"(after {warmup} warm-up steps per arm)")
     print(f"{'arm':<11}{'median step ms':>15}{'tokens/s':>11}{'ratio to alpha=0 [95% CI]':>32}"
           + (f"{'peak GiB':>10}{'MFU':>7}" if device == "cuda" else ""))
     for name in names:
         ratios = [t / b for t, b in zip(times[name], base)]
         lo, hi = bootstrap_median_ci(ratios)
         median = statistics.median(times[name])
-        line = f"{name:<11}{median * 1e3:>15.1f}{tokens / median:>11,.0f}{statistics.median(ratios):>14.4f} [{lo:.4f}, {hi:.4f}]"
+        line = (f"{name:<11}{median * 1e3:>15.1f}{tokens / median:>11,.0f}{statistics.median(ratios):>14.4f} "
+                f"[{lo:.4f}, {hi:.4f}]")
         if device == "cuda":
-            device_peak = peak_flops(torch.cuda.get_device_name()) or H200_BF16_PEAK_FLOPS  # the table's, else an H200's
+            # the table's, else an H200's
+            device_peak = peak_flops(torch.cuda.get_device_name()) or H200_BF16_PEAK_FLOPS
             line += f"{peak[name]:>10.2f}{tokens / median * fpt / device_peak:>7.1%}"
         print(line)
     if device == "cpu":
@@ -186,8 +189,9 @@ def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: in
         clock = StepClock()
         # TrainMetrics included: the per-step loss sync, grad norm and row building are part of our framework's cost.
         callbacks = [TrainMetrics(batch.numel(), 0.9, 10**9), clock]
-        trainer = L.Trainer(accelerator="cpu", max_steps=block + 2, logger=False, callbacks=callbacks, limit_val_batches=0,
-                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer = L.Trainer(accelerator="cpu", max_steps=block + 2, logger=False, callbacks=callbacks,
+                            limit_val_batches=0, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False)
         trainer.fit(module, loader)
         per_step_lightning = (clock.stamps[-1] - clock.stamps[1]) / (len(clock.stamps) - 2)  # 2 warm-up steps
 
@@ -212,11 +216,14 @@ def main() -> None:
     parser.add_argument("--mode", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true",
-                        help="CPU mode: fp32, or bf16 autocast as trainer.precision=bf16-mixed (GPU mode is always bf16)")
-    parser.add_argument("--parts", nargs="+", choices=["tiny", "d12", "lightning"], default=["tiny", "d12", "lightning"],
-                        help="CPU mode: which measurements to run")
-    parser.add_argument("--depths", nargs="+", choices=["d12", "d24"], default=["d12", "d24"], help="GPU mode: the presets")
-    parser.add_argument("--blocks", type=int, default=5, help="CPU mode: Lightning vs bare loop blocks of 20 steps each")
+                        help="CPU mode: fp32, or bf16 autocast as trainer.precision=bf16-mixed "
+                             "(GPU mode is always bf16)")
+    parser.add_argument("--parts", nargs="+", choices=["tiny", "d12", "lightning"],
+                        default=["tiny", "d12", "lightning"], help="CPU mode: which measurements to run")
+    parser.add_argument("--depths", nargs="+", choices=["d12", "d24"], default=["d12", "d24"],
+                        help="GPU mode: the presets")
+    parser.add_argument("--blocks", type=int, default=5,
+                        help="CPU mode: Lightning vs bare loop blocks of 20 steps each")
     parser.add_argument("--keep-denormals", action="store_true",
                         help="CPU mode: leave denormal floats on (the default flushes them, see below)")
     args = parser.parse_args()
@@ -231,8 +238,8 @@ def main() -> None:
         if "tiny" in args.parts:
             xsa_overhead("tiny width", ["depth=tiny", "model.sequence_len=128"], 8, "cpu", False, 3, repeats, bf16)
         if "d12" in args.parts:
-            xsa_overhead("d12 width", ["depth=d12", "model.n_layer=2", "model.sequence_len=128", "model.vocab_size=8192"],
-                         4, "cpu", False, 2, repeats, bf16)
+            xsa_overhead("d12 width", ["depth=d12", "model.n_layer=2", "model.sequence_len=128",
+                                       "model.vocab_size=8192"], 4, "cpu", False, 2, repeats, bf16)
         if "lightning" in args.parts:
             lightning_overhead(["depth=tiny", "model.sequence_len=128"], 8, block=20, blocks=args.blocks)
     else:

@@ -31,7 +31,8 @@ FIXTURES = REPO / "tests" / "fixtures" / "chat"
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return Tokenizer.train(["Multiple Choice question: What is 7 times 8? Respond only with the letter. 12 * 3 = 36."] * 20, 300)
+    return Tokenizer.train(["Multiple Choice question: What is 7 times 8? Respond only with the letter. "
+                            "12 * 3 = 36."] * 20, 300)
 
 
 class ScriptedModel(torch.nn.Module):
@@ -139,7 +140,8 @@ def test_missing_task_data_is_named_not_fatal(tokenizer, tmp_path, monkeypatch):
     arc.write_text("\n".join(json.dumps({"query": f"Question: q{i}?", "choices": ["a", "b", "c", "d"], "gold": i % 4})
                              for i in range(8)))
     letter_c = tokenizer.encode("C")[0]
-    mmlu = OmegaConf.create({"path": "cais/mmlu", "subset": "all", "split": "test", "data_files": None, "max_rows": None})
+    mmlu = OmegaConf.create({"path": "cais/mmlu", "subset": "all", "split": "test", "data_files": None,
+                             "max_rows": None})
     result = evaluate_chat(ScriptedModel(lambda position: letter_c), tokenizer, bundle, mmlu)
     assert list(result.tasks) == ["arc_easy"] and result.name == "ChatCORE 1/5"
     assert result.tasks["arc_easy"].accuracy == 0.25 and result.tasks["arc_easy"].centered == 0.0
@@ -156,7 +158,8 @@ def test_malformed_task_data_stops_with_the_file_and_line(tokenizer, tmp_path):
     arc = tmp_path / "eval_data" / BUNDLE_FILES["arc_easy"]
     arc.parent.mkdir(parents=True)
     arc.write_text(json.dumps({"query": "Question: q?", "choices": ["a", "b"], "gold": 0}) + "\n{not json\n")
-    mmlu = OmegaConf.create({"path": "cais/mmlu", "subset": "all", "split": "test", "data_files": None, "max_rows": None})
+    mmlu = OmegaConf.create({"path": "cais/mmlu", "subset": "all", "split": "test", "data_files": None,
+                             "max_rows": None})
     with pytest.raises(BundleError, match=r"arc_easy.jsonl line 2: malformed JSON"):
         evaluate_chat(ScriptedModel(lambda position: 0), tokenizer, tmp_path, mmlu)
     # the user's own MMLU file with other columns is an error too, not a silently missing task

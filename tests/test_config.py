@@ -15,7 +15,8 @@ GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "
 def test_every_config_group_option_composes_and_validates(group, option, tmp_path, monkeypatch):
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # climbmix presets would stream from the hub
         monkeypatch.delenv(var, raising=False)
-    for name in ("core.yaml", "eval_meta_data.csv"):  # presets that run CORE during training check that a bundle is there
+    # presets that run CORE during training check that a bundle is there
+    for name in ("core.yaml", "eval_meta_data.csv"):
         (tmp_path / name).touch()
     extra = []
     if (group, option) == ("data", "local"):  # data=local needs a corpus: two files, the last is validation
@@ -66,7 +67,8 @@ def test_bad_values_raise_one_line_naming_the_key(override, message):
 
 
 def test_core_during_training_needs_a_bundle(tmp_path):
-    with pytest.raises(BundleError, match="eval.core_every=2000 needs the eval bundle, not found at .*use eval.core_every=0"):
+    with pytest.raises(BundleError, match="eval.core_every=2000 needs the eval bundle, "
+                                          "not found at .*use eval.core_every=0"):
         validate(compose_config("depth=d12", "model.vocab_size=4096", f"eval.bundle_dir={tmp_path / 'absent'}"))
 
 
@@ -81,8 +83,8 @@ def test_missing_package_is_named(monkeypatch):
 
 def run_train(*args, tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={run_dir}"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}",
+                             f"hydra.sweep.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     return result, run_dir
 
 
@@ -92,7 +94,8 @@ def run_train(*args, tmp_path):
     (["model.n_head=3"], "config error: model.n_embd=128 is not divisible by model.n_head=3"),
     (["depth=d13"], "config error: depth=d13 is not an option; allowed: d12, d24, l1_w64, l2_w128"),
     (["-m", "xsa=full,half"], "config error: xsa=half is not an option; allowed: full, learnable, off"),
-    (["-m", "trainer=cpu", "trainer.devices=2", "seed=1,2"], "config error: multi-device training inside a local Hydra sweep"),
+    (["-m", "trainer=cpu", "trainer.devices=2", "seed=1,2"],
+     "config error: multi-device training inside a local Hydra sweep"),
 ])
 def test_bad_config_exits_before_creating_a_run_directory(args, message, tmp_path):
     result, run_dir = run_train(*args, tmp_path=tmp_path)

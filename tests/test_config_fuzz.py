@@ -154,7 +154,8 @@ def test_sample_corpus_vocab_cap_is_what_bpe_learns_from_it():
     from xsa_exp.data.corpus import load_sample_corpus
     from xsa_exp.data.tokenizer import Tokenizer
 
-    assert Tokenizer.train(load_sample_corpus()["train"]["text"], 2 * SAMPLE_CORPUS_MAX_VOCAB).vocab_size == SAMPLE_CORPUS_MAX_VOCAB
+    assert (Tokenizer.train(load_sample_corpus()["train"]["text"], 2 * SAMPLE_CORPUS_MAX_VOCAB).vocab_size
+            == SAMPLE_CORPUS_MAX_VOCAB)
 
 
 def test_readme_configuration_lists_the_schema_keys():
@@ -164,11 +165,13 @@ def test_readme_configuration_lists_the_schema_keys():
 
 
 @pytest.mark.parametrize("script, args, message", [
-    ("train.py", ["model.qk_norm=flase"], "config error: model.qk_norm=flase is not of type bool; allowed: true or false"),
+    ("train.py", ["model.qk_norm=flase"],
+     "config error: model.qk_norm=flase is not of type bool; allowed: true or false"),
     ("train.py", ["eval.every=abc"], "config error: eval.every=abc is not of type int"),
     ("train.py", ["xsa.alphaa=1"], "config error: xsa.alphaa is not a key; did you mean xsa.alpha?"),
     ("train.py", ["-m", "xsa.alpha=0,1,2"], "config error: xsa.alpha=2 is outside [0, 1]"),
-    ("evaluate.py", ["run=.", "eval.chatcore.batch_size=0"], "config error: eval.chatcore.batch_size=0 must be a positive integer"),
+    ("evaluate.py", ["run=.", "eval.chatcore.batch_size=0"],
+     "config error: eval.chatcore.batch_size=0 must be a positive integer"),
 ])
 def test_entry_points_refuse_in_one_line_and_create_nothing(script, args, message, tmp_path):
     cache = tmp_path / "cache"

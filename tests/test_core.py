@@ -141,7 +141,8 @@ def test_evaluate_core_tiny_bundle(tiny_bundle):
     sch = by_task["sch"]
     assert [sch[i]["pred"] for i in range(2)] == [1, 0]
     # span = the shared suffix " z": CE(" " | last option char) and CE("z" | " ")
-    assert sch[0]["losses"] == pytest.approx([(ce("A", " ") + ce(" ", "z")) / 2, (ce("B", " ") + ce(" ", "z")) / 2], abs=1e-5)
+    assert sch[0]["losses"] == pytest.approx([(ce("A", " ") + ce(" ", "z")) / 2, (ce("B", " ") + ce(" ", "z")) / 2],
+                                             abs=1e-5)
 
     lm = by_task["lm"]
     assert [lm[i]["correct"] for i in range(2)] == [True, False]
@@ -198,7 +199,8 @@ def test_prompts_multiple_choice_fewshot():
 def test_prompts_schema_fewshot():
     shot = {"context_options": ["The cat", "The dog"], "continuation": "barked.", "gold": 1}
     item = {"context_options": ["Ann", "Bob"], "continuation": "won.", "gold": 0}
-    assert core.render_prompts_schema(item, " ", [shot]) == ["The dog barked.\n\nAnn won.", "The dog barked.\n\nBob won."]
+    assert (core.render_prompts_schema(item, " ", [shot])
+            == ["The dog barked.\n\nAnn won.", "The dog barked.\n\nBob won."])
 
 
 def test_prompts_language_modeling_fewshot():
@@ -359,7 +361,8 @@ def test_download_offline_is_one_clear_line(monkeypatch, tmp_path):
 # -----------------------------------------------------------------------------
 # The real bundle (18 of 22 tasks ship in ../shared/eval_bundle)
 
-REAL_BUNDLE = Path(os.environ.get("XSA_EXP_EVAL_BUNDLE") or Path(__file__).resolve().parents[2] / "shared" / "eval_bundle")
+REAL_BUNDLE = Path(os.environ.get("XSA_EXP_EVAL_BUNDLE")
+                   or Path(__file__).resolve().parents[2] / "shared" / "eval_bundle")
 ABSENT_FROM_SHARED = {"hellaswag_zeroshot", "hellaswag", "squad", "coqa"}
 
 
@@ -395,7 +398,8 @@ def _tiny_core(bundle_dir, rank: int = 0, world_size: int = 1) -> CoreResult:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(257, 16), torch.nn.Linear(16, 257))
     return core.evaluate_core(model, ByteTokenizer(), bundle_dir, max_seq_len=256, max_per_task=5,
-                              tasks=["arc_easy", "copa", "lambada_openai", "winograd"], rank=rank, world_size=world_size)
+                              tasks=["arc_easy", "copa", "lambada_openai", "winograd"], rank=rank,
+                              world_size=world_size)
 
 
 def _core_worker(rank: int, world: int, port: int, bundle_dir: str, out: str) -> None:

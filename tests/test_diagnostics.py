@@ -4,7 +4,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xsa_exp.eval.diagnostics import METRICS, AttentionProbe, attention_diagnostics, flatten_diagnostics, probes_installed
+from xsa_exp.eval.diagnostics import (
+    METRICS,
+    AttentionProbe,
+    attention_diagnostics,
+    flatten_diagnostics,
+    probes_installed,
+)
 from xsa_exp.model import GPT, GPTConfig, XSASettings
 
 N_LAYER, N_HEAD, T = 3, 2, 32

@@ -15,7 +15,8 @@ def trained_like_model(**xsa):
 
 
 ARMS = {"alpha=0": dict(layers=[0, 1, 2], alpha=0.0), "alpha=1": dict(layers=[0, 1, 2], alpha=1.0),
-        "learnable": dict(layers=[0, 2], learnable=True, alpha=0.5), "plain": dict(layers=[0, 1, 2], value_source="plain")}
+        "learnable": dict(layers=[0, 2], learnable=True, alpha=0.5),
+        "plain": dict(layers=[0, 1, 2], value_source="plain")}
 
 
 @pytest.mark.parametrize("arm", list(ARMS))

@@ -82,7 +82,8 @@ def test_memory_model_predicts_the_presets_and_names_a_batch_that_fits():
     batch = fitting_batch_size(d12, h100, compiled=False, tokens_per_batch_unit=2048, total_batch_tokens=524288)
     assert batch == 16 and 524288 % (batch * 2048) == 0  # the largest divisor of the 256-sequence batch under 80 GB
     message = memory_warning(d12, 32, False, True, h100, "NVIDIA H100 80GB HBM3", 2048, 524288)
-    assert message.startswith("predicted peak memory 87 GB (eager, train.device_batch_size=32) exceeds this NVIDIA H100")
+    assert message.startswith("predicted peak memory 87 GB (eager, train.device_batch_size=32) "
+                              "exceeds this NVIDIA H100")
     assert "train.device_batch_size=16 fits" in message and "train.compile=true fits as it is" in message
     assert memory_warning(d12, 32, True, True, h100, "NVIDIA H100", 2048, 524288) is None
     assert memory_warning(d12, 32, False, True, 141e9, "NVIDIA H200", 2048, 524288) is None

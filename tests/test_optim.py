@@ -140,7 +140,8 @@ def test_found_inf_skips_the_whole_update_exactly(fused):
     opt.step()
     after = opt.state_dict()
     assert all(torch.equal(a, b) for a, b in zip(before[1], skipping))
-    assert all(torch.equal(before[0]["state"][k][n], after["state"][k][n]) for k in after["state"] for n in after["state"][k])
+    assert all(torch.equal(before[0]["state"][k][n], after["state"][k][n])
+               for k in after["state"] for n in after["state"][k])
     grads(skipping, 2)
     grads(plain, 2)
     opt.found_inf = torch.zeros(())
@@ -205,7 +206,8 @@ def test_state_dict_round_trip_continues_identically():
 def test_schedule_warmup_constant_warmdown_and_momentum():
     p = torch.nn.Parameter(torch.ones(2, 2))
     q = torch.nn.Parameter(torch.ones(2))
-    opt = MuonAdamW([muon_group([p]), dict(algorithm="adamw", params=[q], lr=0.1, betas=(0.8, 0.95), eps=1e-10, weight_decay=0)])
+    opt = MuonAdamW([muon_group([p]),
+                     dict(algorithm="adamw", params=[q], lr=0.1, betas=(0.8, 0.95), eps=1e-10, weight_decay=0)])
     sched = WarmupConstantWarmdown(opt, total_steps=100, warmup_steps=10, warmdown_frac=0.5, final_lr_frac=0.2,
                                    momentum_start=0.85, momentum_end=0.95, momentum_warmup_steps=40)
     lrs, momenta = [], []

@@ -21,9 +21,10 @@ N_LAYER = 2
 
 def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_bpb: float = 0.85, steps: int = 20,
              depth: str = "d12", optim: str = "muon", layers="all", learnable: bool = False, complete: bool = True,
-             evals: tuple[dict, ...] = (), tokens_per_step: int = 1000, stage: str = "base", lr_scale: float | None = None,
-             n_params: int = 1000, tokens_per_sec: float | None = None, losses: list[float] | None = None,
-             val_scope: dict | None = None, status: dict | None = None, config: str = "") -> Path:
+             evals: tuple[dict, ...] = (), tokens_per_step: int = 1000, stage: str = "base",
+             lr_scale: float | None = None, n_params: int = 1000, tokens_per_sec: float | None = None,
+             losses: list[float] | None = None, val_scope: dict | None = None, status: dict | None = None,
+             config: str = "") -> Path:
     """A run directory as train.py (+ evaluate.py) leaves it: train rows every step, val at 0, half way and the
     end (ending at final_bpb), a diagnostics row at the end; `evals`: kwargs of make_eval. lr_scale None: a run
     from before optim.lr_scale (no key); losses: train/loss per step (train/loss_smooth then follows them); config:
@@ -38,12 +39,14 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
     info = rd.run_info(run_dir=run, max_steps=steps, tokens_per_step=tokens_per_step, grad_accumulation=1,
                        precision="32-true", precision_reason="test", float32_matmul_precision="highest",
                        xsa_layers=xsa_layers, param_counts={"total": n_params}, flops_per_token=6 * n_params, arm=arm)
-    rd.write_run_files(run, f"depth_name: {depth}\nseed: {seed}\nxsa:\n  alpha: {alpha}\n  layers: {layers}\n{config}", info)
+    rd.write_run_files(run, f"depth_name: {depth}\nseed: {seed}\n"
+                            f"xsa:\n  alpha: {alpha}\n  layers: {layers}\n{config}", info)
     if val_scope is not None:
         rd.update_run_info(run, val_scope=val_scope)
     if status is not None:
         rd.write_status(run, **status)
-    rows = [{"step": s, "train/loss": 5.0 - s / steps, "train/loss_smooth": 5.1 - s / steps} for s in range(1, steps + 1)]
+    rows = [{"step": s, "train/loss": 5.0 - s / steps, "train/loss_smooth": 5.1 - s / steps}
+            for s in range(1, steps + 1)]
     if losses is not None:
         smooth = 5.0
         for row, loss in zip(rows, losses):
@@ -53,8 +56,8 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
         for row in rows:
             row["train/tokens_per_sec"] = tokens_per_sec
     rows += [{"step": s, "val/bpb": final_bpb + 0.5 * (1 - s / steps)} for s in (0, steps // 2, steps)]
-    rows.append({"step": steps, **{f"diag/{m}/L{i}": 0.1 * (i + 1) + alpha for m in ("attn_self_cos", "out_self_cos",
-                                                                                    "diag_attn") for i in range(N_LAYER)}})
+    rows.append({"step": steps, **{f"diag/{m}/L{i}": 0.1 * (i + 1) + alpha
+                                   for m in ("attn_self_cos", "out_self_cos", "diag_attn") for i in range(N_LAYER)}})
     rows.sort(key=lambda r: r["step"])
     header = sorted({k for r in rows for k in r} | {"tokens_seen"})
     with open(run / rd.METRICS, "w", newline="") as f:
@@ -83,7 +86,8 @@ def make_eval(run: Path, step: int, metrics: dict, answers: dict[str, list[bool]
                                         "pred": 0 if c else 1, "gold": 0, "losses": [1.0, 2.0]}) + "\n")
         with open(folder / "core_tasks.csv", "w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["label", "task_type", "num_fewshot", "n_examples", "accuracy", "centered", "random_baseline"])
+            writer.writerow(["label", "task_type", "num_fewshot", "n_examples", "accuracy", "centered",
+                             "random_baseline"])
             for task, correct in answers.items():
                 acc, b = float(np.mean(correct)), baselines[task]
                 writer.writerow([task, "multiple_choice", 0, len(correct), acc, (acc - b / 100) / (1 - b / 100), b])
@@ -137,7 +141,8 @@ def test_mean_ci_by_hand():
 
 
 def core_folders(tmp_path: Path, arm: dict[str, list[bool]], base: dict[str, list[bool]], baselines: dict[str, float]):
-    return [(make_eval(tmp_path / "arm", 10, {}, arm, baselines), make_eval(tmp_path / "base", 10, {}, base, baselines))]
+    return [(make_eval(tmp_path / "arm", 10, {}, arm, baselines),
+             make_eval(tmp_path / "base", 10, {}, base, baselines))]
 
 
 def test_bootstrap_finds_a_clear_difference(tmp_path):
@@ -227,8 +232,9 @@ def test_partial_core_chatcore_and_bootstrap_in_report(tmp_path):
     baselines = {"A": 25.0, "B": 50.0}
     for name, alpha, answers in (("base", 0.0, base), ("xsa", 1.0, arm)):
         core = np.mean([(np.mean(answers[t]) - baselines[t] / 100) / (1 - baselines[t] / 100) for t in answers])
-        make_run(study, name, alpha=alpha, evals=({"metrics": {"val/bpb": 0.9, "CORE 18/22": core, "ChatCORE": 0.1 + alpha},
-                                                   "answers": answers, "baselines": baselines},))
+        make_run(study, name, alpha=alpha,
+                 evals=({"metrics": {"val/bpb": 0.9, "CORE 18/22": core, "ChatCORE": 0.1 + alpha},
+                         "answers": answers, "baselines": baselines},))
     report = build_report([study], tmp_path / "out")
     text = report.read_text()
     header = next(line for line in text.splitlines() if line.startswith("| arm | seeds |"))
@@ -298,7 +304,8 @@ def test_arms_baseline_and_alpha_option(tmp_path):
     make_run(study, "adamw", alpha=1.0, optim="adamw", seed=1, final_bpb=0.95)  # no adamw baseline
     got = numbers(build_report([study], tmp_path / "out"))
     assert got[BASE, "val/bpb", "mean"] == pytest.approx(0.91) and got[BASE, "val/bpb", "mean_n"] == 2
-    assert got["muon · learnable α (init 0.5) · layers=all · value=mixed", "val/bpb", "delta"] == pytest.approx(0.82 - 0.91)
+    assert (got["muon · learnable α (init 0.5) · layers=all · value=mixed", "val/bpb", "delta"]
+            == pytest.approx(0.82 - 0.91))
     assert got[XSA, "val/bpb", "paired_delta"] == pytest.approx(0.80 - 0.90)
     assert not any(arm.startswith("adamw") and stat == "delta" for arm, _, stat in got)
 

@@ -180,7 +180,8 @@ def test_a_setting_that_varies_within_a_depth_splits_it_and_gets_its_own_trend(t
         depth = f"d12 · sequence_len={seq}"
         assert got[depth, XSA, "val/bpb", "paired_delta"] == pytest.approx(np.mean(diffs))
         assert got[depth, XSA, "val/bpb", "sequence_len"] == seq
-    assert got["d12 · sequence_len=128", "adamw · α=1 · layers=all · value=mixed", "val/bpb", "delta"] == pytest.approx(0.05)
+    assert (got["d12 · sequence_len=128", "adamw · α=1 · layers=all · value=mixed", "val/bpb", "delta"]
+            == pytest.approx(0.05))
     text = report.read_text()
     sections = [line for line in text.splitlines() if line.startswith("## Depth")]
     assert sections == ["## Depth `d12 · sequence_len=128`", "## Depth `d12 · sequence_len=512`",

@@ -43,13 +43,14 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg, precision):
     process = subprocess.Popen(command(run_dir, f"trainer.precision={precision}"), cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
-    while not (run_dir / "checkpoints" / "step000006.ckpt").exists() and process.poll() is None and time.time() < deadline:
+    while (not (run_dir / "checkpoints" / "step000006.ckpt").exists() and process.poll() is None
+           and time.time() < deadline):
         time.sleep(0.05)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert not (run_dir / "checkpoints" / "final.ckpt").exists(), "the run finished before it could be killed"
-    resumed = subprocess.run(command(run_dir, f"trainer.precision={precision}"), cwd=REPO, capture_output=True, text=True,
-                             timeout=300)
+    resumed = subprocess.run(command(run_dir, f"trainer.precision={precision}"), cwd=REPO, capture_output=True,
+                             text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr + resumed.stdout
     assert rows(run_dir) == rows(reference)  # same losses, bpb, lrs; no duplicated or missing steps
@@ -57,7 +58,8 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg, precision):
     ours, theirs = final_weights(run_dir), final_weights(reference)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step*.ckpt")) == ["step000006.ckpt", "step000009.ckpt"]
+    assert (sorted(p.name for p in (run_dir / "checkpoints").glob("step*.ckpt"))
+            == ["step000006.ckpt", "step000009.ckpt"])
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path, small_cfg):

@@ -21,7 +21,8 @@ from xsa_exp.eval import sandbox
 from xsa_exp.eval.sandbox import MODES, SandboxUnavailable, run_program, unavailable_reason
 
 # Every isolation mode; one that cannot run on this machine is skipped with the reason.
-MODE_PARAMS = [pytest.param(m, marks=pytest.mark.skipif(unavailable_reason(m) is not None, reason=f"{m}: {unavailable_reason(m)}"))
+MODE_PARAMS = [pytest.param(m, marks=pytest.mark.skipif(unavailable_reason(m) is not None,
+                                                        reason=f"{m}: {unavailable_reason(m)}"))
                for m in MODES]
 NAMESPACE_MODES = MODE_PARAMS[:2]
 
@@ -232,7 +233,8 @@ def writable(path):
         return True
     except OSError:
         return False
-print(writable(os.getcwd()), [p for p in ("/", "/usr", "/etc", {str(home)!r}, "/tmp", "/var/tmp", "/dev/shm") if writable(p)])
+print(writable(os.getcwd()), \
+[p for p in ("/", "/usr", "/etc", {str(home)!r}, "/tmp", "/var/tmp", "/dev/shm") if writable(p)])
 print(os.getcwd())
 # The cache is hidden by an empty mount, or not there at all where the project itself is under /tmp.
 print(sorted(os.listdir("/tmp")), os.listdir("/var/tmp"), os.listdir("/dev/shm"),
@@ -251,7 +253,8 @@ print(sum(p.isdigit() for p in os.listdir("/proc")))
                         if Path(p).is_relative_to("/tmp")})
     assert temporary == f"{under_tmp} [] [] []"
     assert runs_listing == "[]"
-    interpreter = [Path(p).relative_to(home).parts[0] for p in (sys.base_prefix, sys.prefix) if Path(p).is_relative_to(home)]
+    interpreter = [Path(p).relative_to(home).parts[0] for p in (sys.base_prefix, sys.prefix)
+                   if Path(p).is_relative_to(home)]
     assert home_listing == str(sorted(set(interpreter)))
     assert credentials == "0000000000000000 1000"  # no capabilities, an unprivileged uid
     assert int(n_processes) <= 2  # this pid namespace's processes only (bubblewrap's init, the program)

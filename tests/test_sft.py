@@ -32,7 +32,8 @@ SFT_DATA = [f"data.train_sources.smoltalk.data_files={FIXTURES / 'smoltalk_train
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return Tokenizer.train(["Multiple Choice question: What is 7 times 8? Respond only with the letter. 12 + 3 = 15."] * 20, 300)
+    return Tokenizer.train(["Multiple Choice question: What is 7 times 8? Respond only with the letter. "
+                            "12 + 3 = 15."] * 20, 300)
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +90,9 @@ def test_hub_sources_offline_name_the_local_fix(base_run, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfg = compose_config(*SMALL, "stage=sft", f"init_from={base_run}")
     # train.py stops before the run directory exists ...
-    with pytest.raises(ConfigError, match=r"data.train_sources.smoltalk is the hub dataset HuggingFaceTB/smol-smoltalk, "
-                                          r"but HF_HUB_OFFLINE is set; set data.train_sources.smoltalk.data_files"):
+    with pytest.raises(ConfigError, match=r"data.train_sources.smoltalk is the hub dataset "
+                                          r"HuggingFaceTB/smol-smoltalk, but HF_HUB_OFFLINE is set; "
+                                          r"set data.train_sources.smoltalk.data_files"):
         validate(cfg)
     # ... and the loader says the same to anyone calling it directly
     with pytest.raises(DataError, match=r"hub dataset HuggingFaceTB/smol-smoltalk .* HF_HUB_OFFLINE is set; set "
@@ -101,8 +103,10 @@ def test_hub_sources_offline_name_the_local_fix(base_run, monkeypatch):
 def test_rows_that_do_not_fit_the_format_are_one_clear_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"text": "no messages here"}) + "\n")
-    data = compose_config(*SMALL, "stage=sft", "init_from=x", *SFT_DATA, f"data.train_sources.smoltalk.data_files={bad}").data
-    with pytest.raises(DataError, match=r"data.train_sources.smoltalk: a row does not fit format=messages .* columns are text"):
+    data = compose_config(*SMALL, "stage=sft", "init_from=x", *SFT_DATA,
+                          f"data.train_sources.smoltalk.data_files={bad}").data
+    with pytest.raises(DataError, match=r"data.train_sources.smoltalk: a row does not fit format=messages "
+                                        r".* columns are text"):
         load_conversations(data, "train_sources")
 
 
@@ -113,13 +117,15 @@ def test_stage_checks(base_run, tmp_path):
         (compose_config(*SMALL, f"init_from={base_run}"), "init_from=.* is for the SFT stage; add stage=sft"),
         (compose_config(*SMALL, "data=sft"), "data=sft is the SFT stage's data; use stage=sft"),
         (sft_cfg(tmp_path), "is not a finished run .*config.yaml and checkpoints/final.ckpt"),
-        (sft_cfg(base_run, "xsa.alpha=0.5"), r"other model/XSA settings \(xsa.alpha differ\); pass the base run's: xsa.alpha=1.0"),
+        (sft_cfg(base_run, "xsa.alpha=0.5"),
+         r"other model/XSA settings \(xsa.alpha differ\); pass the base run's: xsa.alpha=1.0"),
         (sft_cfg(base_run, "model.n_layer=3"), r"model.n_layer differ\); pass the base run's: model.n_layer=2"),
         (compose_config("stage=sft", f"init_from={base_run}", "depth=d12", *SFT_DATA),
          r"pass the base run's: depth=tiny"),
         (sft_cfg(base_run, f"data.train_sources.gsm8k.data_files={tmp_path}/none.jsonl"),
          r"data.train_sources.gsm8k.data_files=.*none.jsonl matches no .parquet"),
-        (sft_cfg(base_run, "data.train_sources.gsm8k.format=csv"), r"data.train_sources.gsm8k.format='csv' is not an option"),
+        (sft_cfg(base_run, "data.train_sources.gsm8k.format=csv"),
+         r"data.train_sources.gsm8k.format='csv' is not an option"),
         (compose_config(*SMALL, "train.max_steps=null", "train.epochs=1", "data=local", "data.path=x"),
          "train.epochs needs a corpus held in memory"),
     ]
@@ -160,8 +166,8 @@ def test_smoke_pipeline_base_then_sft_then_chatcore(base_run, tmp_path):
         pytest.skip(f"ChatCORE's ARC, GSM8K and HumanEval data come from the eval bundle, not found at {BUNDLE}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     sft = tmp_path / "sft"
-    subprocess.run([sys.executable, "train.py", *SMALL, "stage=sft", f"init_from={base_run}", *SFT_DATA, "train.max_steps=3",
-                    f"hydra.run.dir={sft}"], cwd=REPO, env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "train.py", *SMALL, "stage=sft", f"init_from={base_run}", *SFT_DATA,
+                    "train.max_steps=3", f"hydra.run.dir={sft}"], cwd=REPO, env=env, check=True, capture_output=True)
     common = [f"run={sft}", f"eval.bundle_dir={BUNDLE}", "eval.chatcore.max_per_task=2"]
     done = subprocess.run([sys.executable, "evaluate.py", *common, "eval.metrics=[bpb,chatcore]",
                            f"eval.chatcore.mmlu.data_files={FIXTURES / 'mmlu_test.jsonl'}"],
@@ -183,7 +189,8 @@ def test_smoke_pipeline_base_then_sft_then_chatcore(base_run, tmp_path):
     assert json.loads((summary_path.parent / "chatcore.json").read_text())["sandbox"] == isolation_mode()
     assert f"sandbox: {isolation_mode()}" in done.stdout
     # without MMLU data (the hub is offline) the score says it covers four tasks
-    subprocess.run([sys.executable, "evaluate.py", *common, "eval.metrics=[chatcore]"], cwd=REPO, env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "evaluate.py", *common, "eval.metrics=[chatcore]"], cwd=REPO, env=env, check=True,
+                   capture_output=True)
     newest = max((sft / "eval").glob("*/summary.json"), key=lambda p: p.stat().st_mtime_ns)
     metrics = json.loads(newest.read_text())["metrics"]
     assert "ChatCORE 4/5" in metrics and "ChatCORE" not in metrics and "chat/mmlu" not in metrics

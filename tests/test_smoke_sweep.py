@@ -13,8 +13,9 @@ pytestmark = pytest.mark.slow
 def test_smoke_sweep_with_two_seeds_then_report(tmp_path):
     sweep = tmp_path / "sweep"
     model = [o for o in SMALL if o.startswith("model.") or o.startswith("train.")]
-    train = subprocess.run([sys.executable, "train.py", "-m", "experiment=smoke", "seed=1,2", f"hydra.sweep.dir={sweep}",
-                            *model, "train.max_steps=3", "eval.every=3", "eval.diag_every=3", "eval.val_tokens=512"],
+    train = subprocess.run([sys.executable, "train.py", "-m", "experiment=smoke", "seed=1,2",
+                            f"hydra.sweep.dir={sweep}", *model, "train.max_steps=3", "eval.every=3",
+                            "eval.diag_every=3", "eval.val_tokens=512"],
                            cwd=REPO, capture_output=True, text=True, timeout=600)
     assert train.returncode == 0, train.stderr[-3000:]
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
@@ -45,7 +46,8 @@ def test_joblib_sweep_runs_jobs_in_parallel_bit_identical_to_one_at_a_time(tmp_p
         extra = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
         result = subprocess.run([sys.executable, "train.py", "-m", *extra, "xsa.alpha=0,1", "logger=csv", *model,
                                  "train.max_steps=4", "eval.every=2", "train.cpu_threads=1",
-                                 f"hydra.sweep.dir={sweeps[launcher]}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+                                 f"hydra.sweep.dir={sweeps[launcher]}"], cwd=REPO, capture_output=True, text=True,
+                                timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
     for job in ("0", "1"):
         basic, joblib = sweeps["basic"] / job, sweeps["joblib"] / job

@@ -55,15 +55,16 @@ def test_windows_follow_nanochat_pattern():
 def test_windowed_attention_sees_exactly_its_window(kv_heads):
     """Output i changes with key j exactly when i - window <= j <= i: nothing past the window, nothing ahead."""
     T, window = 40, 7
-    q, k, v = torch.randn(1, 4, T, 8), torch.randn(1, kv_heads, T, 8), torch.randn(1, kv_heads, T, 8, requires_grad=True)
+    q, k, v = (torch.randn(1, 4, T, 8), torch.randn(1, kv_heads, T, 8),
+               torch.randn(1, kv_heads, T, 8, requires_grad=True))
     y = causal_attention(q, k, v, window)
     for i in (0, 5, 20, 39):
         (grad,) = torch.autograd.grad(y[0, :, i].sum(), v, retain_graph=True)
         seen = grad.abs().sum(dim=(0, 1, 3)) > 0
         assert seen.tolist() == [i - window <= j <= i for j in range(T)]
     mask = window_mask(torch.arange(T), T, window)
-    expected = F.scaled_dot_product_attention(q, k.repeat_interleave(4 // kv_heads, 1), v.repeat_interleave(4 // kv_heads, 1),
-                                              attn_mask=mask)
+    expected = F.scaled_dot_product_attention(q, k.repeat_interleave(4 // kv_heads, 1),
+                                              v.repeat_interleave(4 // kv_heads, 1), attn_mask=mask)
     torch.testing.assert_close(y, expected)
 
 
@@ -87,7 +88,8 @@ def test_xsa_with_gqa_projects_each_query_head_on_its_groups_value():
     assert (F.cosine_similarity(z, group_v, dim=-1).abs() < 1e-6).all()
     torch.testing.assert_close(z, exclusive_self_attention(y, group_v, 1.0), rtol=0, atol=0)
     alpha = torch.rand(1, H, 1, 1)  # one learnable alpha per query head
-    torch.testing.assert_close(exclusive_self_attention(y, v, alpha), exclusive_self_attention(y, group_v, alpha), rtol=0, atol=0)
+    torch.testing.assert_close(exclusive_self_attention(y, v, alpha), exclusive_self_attention(y, group_v, alpha),
+                               rtol=0, atol=0)
     assert torch.equal(exclusive_self_attention(y, v, 0.0), y)
 
 
@@ -128,7 +130,8 @@ def test_greedy_generation_equals_full_recomputation_and_padded_rows_their_own(n
     cached = generate(model, prompt, max_new_tokens=30)
     assert cached == generate(model, prompt, max_new_tokens=30, use_cache=False)
     short = prompt[:90]  # left-padded by 30 in a batch with the long prompt: its smear and window see no padding
-    assert generate_batch(model, [prompt, short], max_new_tokens=30) == cached + generate(model, short, max_new_tokens=30)
+    assert (generate_batch(model, [prompt, short], max_new_tokens=30)
+            == cached + generate(model, short, max_new_tokens=30))
 
 
 def test_smear_and_backout_do_what_they_say():
@@ -150,7 +153,8 @@ def test_smear_and_backout_do_what_they_say():
 def test_new_parameters_have_one_role_each_and_the_flop_count_sees_windows():
     model = model_of(**MODELS["nanochat_2604 + GQA"])
     groups = model.named_param_groups()
-    assert sorted(name for name, _ in groups["smear_backout"]) == ["backout_lambda", "smear_gate.weight", "smear_lambda"]
+    assert (sorted(name for name, _ in groups["smear_backout"])
+            == ["backout_lambda", "smear_gate.weight", "smear_lambda"])
     names = [name for params in groups.values() for name, _ in params]
     assert sorted(names) == sorted(name for name, _ in model.named_parameters())
     c = model.config
@@ -168,7 +172,8 @@ def test_init_follows_the_stack():
     bound = math.sqrt(3) / math.sqrt(768)
     assert model.blocks[0].mlp.c_fc.weight.abs().max() <= 0.4 * bound < model.blocks[0].attn.c_q.weight.abs().max()
     gate = model.blocks[1].attn.ve_gate.weight
-    assert 0 <= gate.min() and gate.max() <= 0.02 and model.smear_lambda.item() == 0 and model.backout_lambda.item() == pytest.approx(0.2)
+    assert (0 <= gate.min() and gate.max() <= 0.02 and model.smear_lambda.item() == 0
+            and model.backout_lambda.item() == pytest.approx(0.2))
 
 
 # ---------------------------------------------------------------- optimizer
@@ -287,7 +292,8 @@ def test_stack_composes_and_sets_only_what_differs_from_classic():
 
 def test_study_presets_pin_their_stacks():
     assert compose_config("experiment=study_base").stack_name == "classic"
-    assert compose_config("experiment=study_base", "stack=nanochat_2604").stack_name == "nanochat_2604"  # a rerun under it
+    # a rerun under stack=nanochat_2604
+    assert compose_config("experiment=study_base", "stack=nanochat_2604").stack_name == "nanochat_2604"
     for preset in ("xsa_d12", "xsa_d24"):
         cfg = compose_config(f"experiment={preset}")
         assert cfg.stack_name == "nanochat_2604" and cfg.model.window_pattern == "SSSL"

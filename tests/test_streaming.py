@@ -50,9 +50,9 @@ def mirror(tmp_path_factory):
 
 
 def climbmix_cfg(mirror, *overrides):
-    return compose_config("data=climbmix", f"data.local_dir={mirror}", "data.num_shards=4", "data.tokenizer_chars=20000",
-                          "data.shuffle_rows=16", "data.num_workers=0", f"model.sequence_len={SEQ}",
-                          f"model.vocab_size={VOCAB}", *overrides)
+    return compose_config("data=climbmix", f"data.local_dir={mirror}", "data.num_shards=4",
+                          "data.tokenizer_chars=20000", "data.shuffle_rows=16", "data.num_workers=0",
+                          f"model.sequence_len={SEQ}", f"model.vocab_size={VOCAB}", *overrides)
 
 
 def datamodule(cfg, cache, batch_size=BATCH, seed=0, rank=0, world_size=1):
@@ -122,7 +122,8 @@ def test_climbmix_mirror_trains_the_tokenizer_within_the_char_budget(mirror, tmp
     assert again.tokenizer_dir == data.tokenizer_dir
     # The key names the corpus (its training shards), the budget and the vocabulary.
     keys = {TextDataModule(climbmix_cfg(mirror, *o).data, SEQ, v, BATCH, 0, str(tmp_path)).tokenizer_key
-            for o, v in [(["data.tokenizer_chars=5000"], VOCAB), (["data.tokenizer_chars=5000", "data.num_train_shards=2"], VOCAB),
+            for o, v in [(["data.tokenizer_chars=5000"], VOCAB),
+                         (["data.tokenizer_chars=5000", "data.num_train_shards=2"], VOCAB),
                          (["data.tokenizer_chars=6000"], VOCAB), (["data.tokenizer_chars=5000"], 301)]}
     assert len(keys) == 4
 
@@ -133,7 +134,8 @@ def test_climbmix_mirror_yields_rows_and_holds_out_the_last_shard(mirror, cache,
     assert data.corpus.val_files == (f"{mirror.resolve()}/shard_00003.parquet",)
     read = []
     read_file = sources._read_file
-    monkeypatch.setattr(sources, "_read_file", lambda corpus, file, mine: read.append(file) or read_file(corpus, file, mine))
+    monkeypatch.setattr(sources, "_read_file",
+                        lambda corpus, file, mine: read.append(file) or read_file(corpus, file, mine))
     n_epoch = len(epoch_rows(data))
     read.clear()
     n_rows = BATCH * (2 * n_epoch // BATCH + 1)  # into the third epoch
@@ -142,7 +144,8 @@ def test_climbmix_mirror_yields_rows_and_holds_out_the_last_shard(mirror, cache,
     assert read and not any(f.endswith("shard_00003.parquet") for f in read)
     text = decoded(data, rows)
     assert TRAIN_MARK in text and VAL_MARK not in text
-    assert (rows == data.tokenizer.bos_id).sum() >= 2 * (90 - 2)  # each document starts with BOS (2 epochs, short tails)
+    # each document starts with BOS (2 epochs, short tails)
+    assert (rows == data.tokenizer.bos_id).sum() >= 2 * (90 - 2)
     val = data.val_batches(10 * SEQ)
     assert sum(len(b) for b in val) == 10 and all(b.dtype == torch.int64 for b in val)
     val_text = decoded(data, torch.cat(val))
@@ -238,7 +241,8 @@ def test_resuming_a_stream_with_other_readers_is_one_line_naming_the_fix(mirror,
     data.load_state_dict({"rows_consumed": 8 * BATCH, "readers": [2, 1]})
     with pytest.raises(DataError) as e:
         data.train_dataloader()
-    assert "read by 2 ranks x 1 data loader workers" in one_line(e) and "trainer.devices x trainer.num_nodes = 2" in str(e.value)
+    assert ("read by 2 ranks x 1 data loader workers" in one_line(e)
+            and "trainer.devices x trainer.num_nodes = 2" in str(e.value))
 
 
 class Recorder(L.LightningModule):
@@ -334,7 +338,8 @@ def test_local_jsonl_corpus_reads_the_configured_field_and_holds_out_the_last_fi
                          "data.num_workers=0")
     validate(cfg)
     data = datamodule(cfg, cache)
-    assert [p.rsplit("/", 1)[1] for p in data.corpus.train_files + data.corpus.val_files] == ["a.jsonl", "b.jsonl", "c.jsonl"]
+    assert ([p.rsplit("/", 1)[1] for p in data.corpus.train_files + data.corpus.val_files]
+            == ["a.jsonl", "b.jsonl", "c.jsonl"])
     text = decoded(data, take_rows(data, 2 * len(epoch_rows(data))))
     assert TRAIN_MARK in text and VAL_MARK not in text and OTHER_FIELD_MARK not in text
     val_text = decoded(data, data.validation_rows(10).long())
@@ -343,7 +348,8 @@ def test_local_jsonl_corpus_reads_the_configured_field_and_holds_out_the_last_fi
     bad = TextDataModule(compose_config("data=local", f"data.path={tmp_path}").data, SEQ, VOCAB, BATCH, 0, str(cache))
     with pytest.raises(DataError) as e:
         bad.prepare_data()
-    assert one_line(e) == f"data.text_column='text' is not a column of {tmp_path}/a.jsonl (it has id, body, note); set data.text_column"
+    assert one_line(e) == (f"data.text_column='text' is not a column of {tmp_path}/a.jsonl (it has id, body, note); "
+                           "set data.text_column")
 
 
 def test_local_txt_corpus_with_a_validation_path(tmp_path, cache):

@@ -69,7 +69,8 @@ def test_existing_run_directory_is_never_overwritten(xsa_run, small_cfg):
 
 
 def test_training_lowers_the_loss(small_cfg, tmp_path):
-    run_dir = train(small_cfg("train.max_steps=30", "eval.every=30", "optim.muon.momentum_warmup_steps=10"), tmp_path / "run")
+    run_dir = train(small_cfg("train.max_steps=30", "eval.every=30", "optim.muon.momentum_warmup_steps=10"),
+                    tmp_path / "run")
     rows = read_rows(run_dir)
     losses = [float(r["train/loss"]) for r in rows if r["train/loss"]]
     bpb = [float(r["val/bpb"]) for r in rows if r["val/bpb"]]
@@ -214,8 +215,8 @@ def test_non_finite_steps_can_be_skipped_up_to_a_limit(small_cfg, tmp_path, monk
 
 
 def test_bf16_mixed_on_cpu_lowers_the_loss_and_keeps_xsa_orthogonal(small_cfg, tmp_path):
-    run_dir = train(small_cfg("trainer.precision=bf16-mixed", "train.max_steps=30", "eval.every=30", "eval.diag_every=10",
-                              "optim.muon.momentum_warmup_steps=10"), tmp_path / "run")
+    run_dir = train(small_cfg("trainer.precision=bf16-mixed", "train.max_steps=30", "eval.every=30",
+                              "eval.diag_every=10", "optim.muon.momentum_warmup_steps=10"), tmp_path / "run")
     assert json.loads((run_dir / "run.json").read_text())["precision"] == "bf16-mixed"
     losses = [float(r["train/loss"]) for r in read_rows(run_dir) if r["train/loss"]]
     assert all(map(math.isfinite, losses)) and sum(losses[-5:]) / 5 < losses[0] - 1.0
@@ -291,7 +292,8 @@ def test_compiled_training_matches_eager_and_evaluates_eagerly(tmp_path):
 
     runs = {}
     for compiled in (False, True):
-        cfg = compose_config(*SMALL, "train.max_steps=4", "eval.every=2", "eval.diag_every=2", f"train.compile={compiled}")
+        cfg = compose_config(*SMALL, "train.max_steps=4", "eval.every=2", "eval.diag_every=2",
+                             f"train.compile={compiled}")
         runs[compiled] = read_rows(train(cfg, tmp_path / f"compile_{compiled}"))
     for key in ("train/loss", "val/bpb"):
         eager, compiled = ([float(r[key]) for r in runs[c] if r[key]] for c in (False, True))

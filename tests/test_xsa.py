@@ -218,4 +218,5 @@ def test_settings_are_built_once_and_hold_the_one_on_rule():
     # The report decides "no XSA" with the same rule, on run.json's values.
     run = {"optim": "muon", "alpha": 0.5, "learnable": False, "layers": "all", "value_source": "mixed"}
     assert Arm.of({**run, "xsa_layers": [0, 1]}).alpha == 0.5
-    assert Arm.of({**run, "xsa_layers": []}).alpha == 0.0 and Arm.of({**run, "alpha": 0, "xsa_layers": [0]}).layers == ""
+    assert (Arm.of({**run, "xsa_layers": []}).alpha == 0.0
+            and Arm.of({**run, "alpha": 0, "xsa_layers": [0]}).layers == "")

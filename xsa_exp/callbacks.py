@@ -146,13 +146,14 @@ class TrainMetrics(L.Callback):
             mfu = f" | mfu {row['train/mfu']:.1%}" if "train/mfu" in row else ""
             rank_zero_info(f"step {step:>6}/{trainer.max_steps} | loss {row['train/loss']:.4f} "
                            f"(smooth {row['train/loss_smooth']:.4f}) | grad norm {row['train/grad_norm']:.3f} "
-                           f"| {row['train/tokens_per_sec']:,.0f} tok/s{mfu} | mem {row['train/peak_memory_gb']:.1f} GB "
-                           f"| eta {self.eta(step, trainer.max_steps)}")
+                           f"| {row['train/tokens_per_sec']:,.0f} tok/s{mfu} "
+                           f"| mem {row['train/peak_memory_gb']:.1f} GB | eta {self.eta(step, trainer.max_steps)}")
         self.last_step = step
 
 
 class ScheduledEvaluation(L.Callback):
-    """Runs `measure` at step 0 (before any update), every `every` steps and at the last step; every <= 0 turns it off."""
+    """Runs `measure` at step 0 (before any update), every `every` steps and at the last step; every <= 0 turns it
+    off."""
 
     def __init__(self, every: int, tokens_per_step: int):
         self.every, self.tokens_per_step = every, tokens_per_step
@@ -189,7 +190,8 @@ class ScheduledEvaluation(L.Callback):
 
 
 class ValidationBPB(ScheduledEvaluation):
-    """Validation bits-per-byte over the whole validation split, or its first `val_tokens` (then the console says so)."""
+    """Validation bits-per-byte over the whole validation split, or its first `val_tokens` (then the console says
+    so)."""
 
     def __init__(self, every: int, val_tokens: int | None, tokens_per_step: int):
         super().__init__(every, tokens_per_step)
@@ -242,7 +244,8 @@ class AttentionDiagnostics(ScheduledEvaluation):
         diag = attention_diagnostics(model, idx, trainer.precision_plugin.forward_context)
         alphas = model.xsa_alphas()
         if trainer.is_global_zero:
-            rd.append_diagnostics(self.run_dir, {"step": trainer.global_step, **{k: v.tolist() for k, v in diag.items()},
+            rd.append_diagnostics(self.run_dir, {"step": trainer.global_step,
+                                                 **{k: v.tolist() for k, v in diag.items()},
                                                  "alpha": alphas.tolist()})
         row = {k: v for k, v in flatten_diagnostics(diag).items() if "/H" not in k}
         if model.config.xsa.learnable:  # what the model has learned, per layer (mean over heads; 0 where XSA is off)
@@ -261,8 +264,9 @@ class PeriodicCheckpoint(ModelCheckpoint):
     checkpoint, so that step is not saved again (plain ModelCheckpoint would write a -v1 copy)."""
 
     def __init__(self, run_dir, every: int, keep: int):
-        super().__init__(dirpath=rd.checkpoints_dir(run_dir), filename=rd.STEP_CHECKPOINT, auto_insert_metric_name=False,
-                         every_n_train_steps=every, save_top_k=keep, monitor="step", mode="max")
+        super().__init__(dirpath=rd.checkpoints_dir(run_dir), filename=rd.STEP_CHECKPOINT,
+                         auto_insert_metric_name=False, every_n_train_steps=every, save_top_k=keep, monitor="step",
+                         mode="max")
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)

@@ -79,27 +79,32 @@ def validate(cfg: DictConfig) -> None:
     if m.ve_gate_channels > m.n_embd:
         raise ConfigError(f"model.ve_gate_channels={m.ve_gate_channels} exceeds model.n_embd={m.n_embd}")
     if m.n_kv_head is not None and m.n_head % m.n_kv_head:
-        raise ConfigError(f"model.n_kv_head={m.n_kv_head} does not divide model.n_head={m.n_head}; use a divisor, or null for n_head")
+        raise ConfigError(f"model.n_kv_head={m.n_kv_head} does not divide model.n_head={m.n_head}; use a divisor, "
+                          "or null for n_head")
     if not m.window_pattern or set(m.window_pattern) - {"S", "L"}:
-        raise ConfigError(f"model.window_pattern={m.window_pattern!r}: use a string of S (short window) and L (full context), e.g. SSSL")
+        raise ConfigError(f"model.window_pattern={m.window_pattern!r}: use a string of S (short window) and L "
+                          "(full context), e.g. SSSL")
     if m.smear and m.n_embd < SMEAR_GATE_CHANNELS:
-        raise ConfigError(f"model.smear needs model.n_embd >= {SMEAR_GATE_CHANNELS} (its gate reads that many channels)")
+        raise ConfigError(f"model.smear needs model.n_embd >= {SMEAR_GATE_CHANNELS} "
+                          "(its gate reads that many channels)")
     for pair in ("resid_lambda_init", "x0_lambda_init"):
         if len(m[pair]) != 2:
             raise ConfigError(f"model.{pair}={list(m[pair])}: give two values, [first layer, last layer]")
     check_embedded_vocab(cfg.data.name, m.vocab_size)
     if x.learnable and x.parametrization == "sigmoid" and not 0.0 < x.alpha < 1.0:
-        raise ConfigError(f"xsa.alpha={x.alpha} is the initial alpha of a learnable run, and sigmoid(theta) reaches 0 and 1 "
-                          "only at infinite theta; use a value inside (0, 1), e.g. xsa.alpha=0.5 (or xsa=learnable)")
+        raise ConfigError(f"xsa.alpha={x.alpha} is the initial alpha of a learnable run, and sigmoid(theta) reaches 0 "
+                          "and 1 only at infinite theta; use a value inside (0, 1), e.g. xsa.alpha=0.5 "
+                          "(or xsa=learnable)")
     if x.learnable and x.parametrization == "tanh" and not x.alpha < 1.0:
-        raise ConfigError(f"xsa.alpha={x.alpha} is the initial alpha of a learnable run, and tanh(theta) reaches 1 only at "
-                          "infinite theta; use a value in [0, 1), e.g. xsa.alpha=0.5")
+        raise ConfigError(f"xsa.alpha={x.alpha} is the initial alpha of a learnable run, and tanh(theta) reaches 1 "
+                          "only at infinite theta; use a value in [0, 1), e.g. xsa.alpha=0.5")
     layers = x.layers
     if isinstance(layers, ListConfig):
         layers = list(layers)
     if (isinstance(layers, bool) or not isinstance(layers, (str, int, list))
             or isinstance(layers, list) and not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)):
-        raise ConfigError(f"xsa.layers={fmt(x.layers)} is not a layer selection; allowed: {schema_meta('xsa', 'layers')['accepts']}")
+        raise ConfigError(f"xsa.layers={fmt(x.layers)} is not a layer selection; "
+                          f"allowed: {schema_meta('xsa', 'layers')['accepts']}")
     XSASettings.from_config(x, m.n_layer, value_embedding_layers(m.n_layer, m.value_embeds))  # resolves xsa.layers
     o = cfg.optim
     roles = set(schema.LrConfig.__dataclass_fields__)
@@ -114,13 +119,14 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"optim.adamw.role_weight_decay={fmt(o.adamw[key_name])}: weight decay must be >= 0")
     devices = cfg.trainer.devices
     if not (devices in ("auto", -1) or isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1):
-        raise ConfigError(f"trainer.devices={fmt(devices)} is not a device count; allowed: {schema_meta('trainer', 'devices')['accepts']}")
+        raise ConfigError(f"trainer.devices={fmt(devices)} is not a device count; "
+                          f"allowed: {schema_meta('trainer', 'devices')['accepts']}")
     if cfg.eval.core_every > 0:  # the check training's CORE callback makes, before the run starts
         require_bundle(cfg.eval.bundle_dir, f"eval.core_every={cfg.eval.core_every}", "use eval.core_every=0")
     grad_accumulation(cfg)
     if cfg.train.epochs is not None and cfg.data.name not in (*EMBEDDED_CORPUS_MAX_VOCAB, "sft"):
-        raise ConfigError(f"train.epochs needs a corpus held in memory (data=sample, wiki or sft), not data={cfg.data.name}; "
-                          "set train.max_steps or train.target_tokens")
+        raise ConfigError(f"train.epochs needs a corpus held in memory (data=sample, wiki or sft), "
+                          f"not data={cfg.data.name}; set train.max_steps or train.target_tokens")
     check_stage(cfg)
     from xsa_exp.data.sources import check_data_config
 
@@ -132,20 +138,23 @@ def validate(cfg: DictConfig) -> None:
         needed["wandb"] = "logger=wandb (or use logger=csv)"
     for module, purpose in needed.items():
         if importlib.util.find_spec(module) is None:
-            raise ConfigError(f"package for {purpose} is missing: `{module}` cannot be imported; run `pip install -e .`")
+            raise ConfigError(f"package for {purpose} is missing: `{module}` cannot be imported; "
+                              "run `pip install -e .`")
 
 
 def check_embedded_vocab(data_name: str, vocab_size: int) -> None:
-    """An embedded corpus supplies at most EMBEDDED_CORPUS_MAX_VOCAB[name] tokens; BPE stops there, short of a larger model.vocab_size."""
+    """An embedded corpus supplies at most EMBEDDED_CORPUS_MAX_VOCAB[name] tokens; BPE stops there, short of a larger
+    model.vocab_size."""
     cap = EMBEDDED_CORPUS_MAX_VOCAB.get(data_name)
     if cap is None or vocab_size <= cap:
         return
     larger = [f"data={name} (embedded too, at most {n} tokens)" for name, n in EMBEDDED_CORPUS_MAX_VOCAB.items()
               if n >= vocab_size]
     presets = ", or use experiment=xsa_d12 / xsa_d24 for the study's runs" if data_name == "sample" else ""
-    raise ConfigError(f"model.vocab_size={vocab_size} is more than the embedded corpus supports (at most {cap} tokens); add "
-                      f"{''.join(f'{alt}, ' for alt in larger)}data=climbmix (data.local_dir=<shards> for a local copy) "
-                      f"or data=local data.path=<files>{presets}, or model.vocab_size<={cap} (e.g. 4096)")
+    raise ConfigError(f"model.vocab_size={vocab_size} is more than the embedded corpus supports (at most {cap} "
+                      f"tokens); add {''.join(f'{alt}, ' for alt in larger)}data=climbmix (data.local_dir=<shards> "
+                      f"for a local copy) or data=local data.path=<files>{presets}, or model.vocab_size<={cap} "
+                      "(e.g. 4096)")
 
 
 def validate_evaluate(cfg: DictConfig) -> None:
@@ -175,18 +184,20 @@ def check_stage(cfg: DictConfig) -> None:
         raise ConfigError("stage=sft needs init_from=<base run directory> (a finished run with checkpoints/final.ckpt)")
     base = Path(cfg.init_from).expanduser().resolve()
     if not rd.is_finished(base):
-        raise ConfigError(f"init_from={cfg.init_from} is not a finished run (needs config.yaml and checkpoints/final.ckpt); "
-                          "point it at a completed base run directory")
+        raise ConfigError(f"init_from={cfg.init_from} is not a finished run (needs config.yaml and "
+                          "checkpoints/final.ckpt); point it at a completed base run directory")
     base_cfg = OmegaConf.load(base / rd.CONFIG)
-    differ = [f"{section}.{key}" for section in ("model", "xsa") for key in sorted(set(cfg[section]) | set(base_cfg[section]))
+    differ = [f"{section}.{key}" for section in ("model", "xsa")
+              for key in sorted(set(cfg[section]) | set(base_cfg[section]))
               if cfg[section].get(key) != base_cfg[section].get(key)]
     if differ:
         other_depth = cfg.depth_name != base_cfg.depth_name  # then depth=... sets the model's size keys
         wanted = [f"depth={base_cfg.depth_name}"] * other_depth + [
-            f"{key}={OmegaConf.select(base_cfg, key)}" for key in differ if not (other_depth and key.startswith("model."))]
+            f"{key}={OmegaConf.select(base_cfg, key)}" for key in differ
+            if not (other_depth and key.startswith("model."))]
         wanted = " ".join(wanted)
-        raise ConfigError(f"init_from={cfg.init_from} was trained with other model/XSA settings ({', '.join(differ)} differ); "
-                          f"pass the base run's: {wanted}")
+        raise ConfigError(f"init_from={cfg.init_from} was trained with other model/XSA settings "
+                          f"({', '.join(differ)} differ); pass the base run's: {wanted}")
 
 
 def check_group_options(argv: list[str], conf_dir: Path) -> None:
@@ -220,7 +231,8 @@ def compose_runs(config_name: str, overrides: list[str], conf_dir: Path, multiru
 
         def compose(args: list[str], mode=RunMode.RUN) -> DictConfig:
             try:
-                return gh.compose_config(config_name, args, run_mode=mode, from_shell=True, with_log_configuration=False)
+                return gh.compose_config(config_name, args, run_mode=mode, from_shell=True,
+                                         with_log_configuration=False)
             except (HydraException, OmegaConfBaseException) as e:
                 raise ConfigError(composition_error(e, args, lambda rest: compose(rest, mode))) from None
 
@@ -289,7 +301,8 @@ def composition_error(error: Exception, overrides: list[str], compose) -> str:
             leaf = next((leaf for leaf in leaves(base) if leaf.key == key), None)
             if leaf is not None:
                 about = "" if bounds(leaf.meta) or "choices" in leaf.meta else f" ({leaf.meta['help']})"
-                return f"{key}={value} is not of type {type_name(leaf.type)}; allowed: {allowed(leaf.type, leaf.meta)}{about}"
+                return (f"{key}={value} is not of type {type_name(leaf.type)}; "
+                        f"allowed: {allowed(leaf.type, leaf.meta)}{about}")
         return f"{key}={value} is {what}: {first_line(cause)}"
     return f"{key}: {first_line(cause)}"
 
@@ -357,15 +370,15 @@ def check_submitit_job(cfg: DictConfig) -> None:
     if "hydra_submitit_launcher" not in launcher._target_:
         return
     if cfg.resume != "auto":
-        raise ConfigError("hydra/launcher=submitit_* requeues a job at its time limit or preemption, and the requeued job "
-                          "must continue its run; add resume=auto")
+        raise ConfigError("hydra/launcher=submitit_* requeues a job at its time limit or preemption, and the requeued "
+                          "job must continue its run; add resume=auto")
     if not isinstance(cfg.trainer.devices, int) or isinstance(cfg.trainer.devices, bool):
         return  # "auto" is resolved on the node
     devices = world_size(cfg.trainer)
     if launcher.tasks_per_node * launcher.nodes != devices or launcher.nodes != cfg.trainer.num_nodes:
         raise ConfigError(f"trainer.devices x trainer.num_nodes = {devices} devices, but hydra.launcher.tasks_per_node="
-                          f"{launcher.tasks_per_node} x hydra.launcher.nodes={launcher.nodes} tasks; submitit starts one "
-                          f"process per device, so set hydra.launcher.tasks_per_node={cfg.trainer.devices} and "
+                          f"{launcher.tasks_per_node} x hydra.launcher.nodes={launcher.nodes} tasks; submitit starts "
+                          f"one process per device, so set hydra.launcher.tasks_per_node={cfg.trainer.devices} and "
                           f"hydra.launcher.nodes={cfg.trainer.num_nodes} (hydra/launcher=slurm sets both)")
 
 

@@ -28,7 +28,15 @@ from xsa_exp.eval.chat import evaluate_chat
 from xsa_exp.eval.core import evaluate_core
 from xsa_exp.eval.diagnostics import METRICS as DIAGNOSTICS
 from xsa_exp.eval.diagnostics import attention_diagnostics
-from xsa_exp.run_dir import TOKENIZER, LoadedRun, eval_summary, load_trained, new_eval_dir, trained_precision, write_summary
+from xsa_exp.run_dir import (
+    TOKENIZER,
+    LoadedRun,
+    eval_summary,
+    load_trained,
+    new_eval_dir,
+    trained_precision,
+    write_summary,
+)
 
 KNOWN_METRICS = ("bpb", "core", "diagnostics", "chatcore")
 
@@ -64,8 +72,9 @@ def evaluate(cfg: DictConfig) -> Path:
         summary["val_scope"] = data.val_scope(val_tokens)
     if "core" in metrics:
         result = evaluate_core(model, run.tokenizer, bundle, c.model.sequence_len, options.core_max_per_task,
-                               progress=lambda t, done, total: print(f"  CORE {done}/{total} {t.label:<34} acc {t.accuracy:.4f} "
-                                                                      f"centered {t.centered:+.4f}", flush=True))
+                               progress=lambda t, done, total: print(
+                                   f"  CORE {done}/{total} {t.label:<34} acc {t.accuracy:.4f} "
+                                   f"centered {t.centered:+.4f}", flush=True))
         summary["metrics"][result.name] = result.core
         summary["core"] = {"name": result.name, "n_tasks": result.n_tasks, "max_per_task": options.core_max_per_task,
                            "bundle": str(bundle)}
@@ -75,8 +84,9 @@ def evaluate(cfg: DictConfig) -> Path:
         rows = options.diag_rows or c.eval.diag_rows
         diag = attention_diagnostics(model, data.diagnostics_inputs(rows).to(device), autocast)
         n_layer, n_head = diag[DIAGNOSTICS[0]].shape
-        write_csv(out_dir / "diagnostics.csv", [{"layer": layer, "head": head, **{m: diag[m][layer, head].item() for m in DIAGNOSTICS}}
-                                                for layer in range(n_layer) for head in range(n_head)])
+        write_csv(out_dir / "diagnostics.csv",
+                  [{"layer": layer, "head": head, **{m: diag[m][layer, head].item() for m in DIAGNOSTICS}}
+                   for layer in range(n_layer) for head in range(n_head)])
         summary["metrics"].update({f"diag/{m}": diag[m].mean().item() for m in DIAGNOSTICS})
     if "chatcore" in metrics:
         chat_metrics, sandbox = chatcore(run, options.chatcore, bundle, out_dir)
@@ -116,7 +126,7 @@ def chatcore(run: LoadedRun, cfg: DictConfig, bundle: Path, out_dir: Path) -> tu
         print(f"  ChatCORE humaneval sandbox: {result.sandbox}")
     if not result.tasks:
         raise UserError(f"ChatCORE has no task data: {'; '.join(result.missing.values())}; set eval.bundle_dir "
-                              "(ARC, GSM8K, HumanEval) and eval.chatcore.mmlu.data_files, or drop chatcore from eval.metrics")
+                        "(ARC, GSM8K, HumanEval) and eval.chatcore.mmlu.data_files, or drop chatcore from eval.metrics")
     write_csv(out_dir / "chatcore_tasks.csv", [vars(t) for t in result.tasks.values()])
     write_jsonl(out_dir / "chatcore_examples.jsonl", result.examples)
     (out_dir / "chatcore.json").write_text(json.dumps(

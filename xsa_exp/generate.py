@@ -39,7 +39,8 @@ def generate_batch(model: GPT, prompts: list[list[int]], max_new_tokens: int, te
     use_cache=False recomputes the whole sequence every step (a check of the cache; equal-length prompts)."""
     width = max(map(len, prompts))
     if width + max_new_tokens > model.config.sequence_len:
-        raise ValueError(f"prompt of {width} + {max_new_tokens} new tokens exceeds model.sequence_len={model.config.sequence_len}")
+        raise ValueError(f"prompt of {width} + {max_new_tokens} new tokens exceeds "
+                         f"model.sequence_len={model.config.sequence_len}")
     padding = torch.tensor([width - len(p) for p in prompts])
     if not use_cache and padding.any():
         raise ValueError("use_cache=False needs prompts of one length (only the cache masks padding)")

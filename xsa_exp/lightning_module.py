@@ -95,5 +95,6 @@ class LanguageModel(L.LightningModule):
         muon, schedule = self.optim_cfg.muon, self.optim_cfg.schedule
         scheduler = WarmupConstantWarmdown(
             optimizer, self.total_steps, schedule.warmup_steps, schedule.warmdown_frac, schedule.final_lr_frac,
-            muon.momentum_start, muon.momentum, muon.momentum_warmup_steps, muon.momentum_warmdown, muon.weight_decay_schedule)
+            muon.momentum_start, muon.momentum, muon.momentum_warmup_steps, muon.momentum_warmdown,
+            muon.weight_decay_schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -231,7 +231,8 @@ def checkpoints_newest_first(run_dir: Path) -> list[Path]:
 
 
 def newest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint that loads (see checkpoints_newest_first); an unreadable newer one is skipped with a warning."""
+    """The newest checkpoint that loads (see checkpoints_newest_first); an unreadable newer one is skipped with a
+    warning."""
     import torch
 
     for path in checkpoints_newest_first(run_dir):

@@ -46,9 +46,11 @@ class ModelConfig:
     n_layer: int = key(MISSING, "transformer blocks (from the depth preset)", ge=1)
     n_embd: int = key(MISSING, "residual width; a multiple of n_head", ge=1)
     n_head: int = key(MISSING, "attention heads; head_dim = n_embd / n_head must be even (RoPE)", ge=1)
-    n_kv_head: Optional[int] = key(None, "key/value heads (grouped-query attention), a divisor of n_head; null = n_head", ge=1)
+    n_kv_head: Optional[int] = key(None, "key/value heads (grouped-query attention), a divisor of n_head; "
+                                         "null = n_head", ge=1)
     sequence_len: int = key(MISSING, "context length in tokens", ge=2)
-    vocab_size: int = key(MISSING, "BPE vocabulary incl. 9 special tokens; data=sample supports at most 21249, data=wiki 87522", ge=265,
+    vocab_size: int = key(MISSING, "BPE vocabulary incl. 9 special tokens; data=sample supports at most 21249, "
+                          "data=wiki 87522", ge=265,
                           hint="byte-level BPE needs 256 byte tokens + 9 special tokens")
     rope: bool = key(True, "rotary position embeddings")
     rope_base: float = key(100000.0, "RoPE base frequency", gt=0)
@@ -60,11 +62,14 @@ class ModelConfig:
     logit_softcap: float = key(15.0, "tanh cap on the logits; 0 turns it off", ge=0)
     zero_init_proj: bool = key(True, "zero-initialize the output projections")
     tie_embeddings: bool = key(False, "share the token embedding with lm_head")
-    window_pattern: str = key("L", "attention window per layer, the pattern tiled over layers: L full context, S a quarter "
-                              "of it rounded up to 128 tokens; the last layer is always L", accepts="a string of S and L")
+    window_pattern: str = key("L", "attention window per layer, the pattern tiled over layers: L full context, S "
+                              "a quarter of it rounded up to 128 tokens; the last layer is always L",
+                              accepts="a string of S and L")
     qk_scale: float = key(1.0, "q and k multiplied by it after QK-norm (sharper attention)", gt=0)
-    smear: bool = key(False, "add lambda * sigmoid(gate) of the previous token's embedding to each position (lambda from 0)")
-    backout: bool = key(False, "subtract lambda x the residual after layer n_layer // 2 before the final norm (lambda from 0.2)")
+    smear: bool = key(False, "add lambda * sigmoid(gate) of the previous token's embedding to each position "
+                             "(lambda from 0)")
+    backout: bool = key(False, "subtract lambda x the residual after layer n_layer // 2 before the final norm "
+                               "(lambda from 0.2)")
     wte_init_std: float = key(1.0, "std of the token embedding's normal init (untied)", gt=0)
     fc_init_scale: float = key(1.0, "the MLP input matrix's uniform init bound, x the other hidden matrices'", gt=0)
     resid_lambda_init: List[float] = key(help="resid_lambda at the first and the last layer, linear in between",
@@ -76,15 +81,16 @@ class ModelConfig:
 
 @dataclass
 class XSAConfig:
-    alpha: float = key(1.0, "XSA strength; 0 is standard attention, 1 full XSA; learnable: the initial alpha", ge=0, le=1,
-                       hint="use 0 (standard attention) to 1 (full XSA)")
+    alpha: float = key(1.0, "XSA strength; 0 is standard attention, 1 full XSA; learnable: the initial alpha",
+                       ge=0, le=1, hint="use 0 (standard attention) to 1 (full XSA)")
     learnable: bool = key(False, "one alpha per (layer, head), trained by AdamW (lr optim.lr.xsa_theta)")
     parametrization: str = key("sigmoid", "learnable alpha = sigmoid(theta) in (0, 1), or tanh(theta) in (-1, 1)",
                                choices=("sigmoid", "tanh"))
-    value_source: str = key("mixed", "v after value-embedding mixing (mixed) or before (plain)", choices=("mixed", "plain"))
+    value_source: str = key("mixed", "v after value-embedding mixing (mixed) or before (plain)",
+                            choices=("mixed", "plain"))
     # Any: a selection string, one layer index or a list of them; checked by resolve_layers in validate().
-    layers: Any = key("all", "the layers XSA applies to", accepts="all, none, first:K, last:K, every:N, ve (layers with value "
-                      "embeddings), non_ve, a layer index or a list of them")
+    layers: Any = key("all", "the layers XSA applies to", accepts="all, none, first:K, last:K, every:N, "
+                      "ve (layers with value embeddings), non_ve, a layer index or a list of them")
     eps: float = key(1e-6, "the floor on |v_i|^2 that keeps v_i = 0 finite", gt=0,
                      hint="it is the floor on |v_i|^2 that keeps v_i = 0 finite")
 
@@ -116,7 +122,8 @@ class MuonConfig:
                               "(the same update; no effect on one device)")
     weight_decay: float = key(0.0, "Muon weight decay", ge=0)
     cautious_weight_decay: bool = key(False, "decay only where the update and the weight agree in sign, by the "
-                                             "shape-adjusted lr (nanochat); false: every weight, by lr (torch.optim.Muon)")
+                                             "shape-adjusted lr (nanochat); false: every weight, by lr "
+                                             "(torch.optim.Muon)")
     weight_decay_schedule: str = key("constant", "Muon weight decay over the run: constant, or cosine from "
                                                  "weight_decay to 0", choices=("constant", "cosine"))
     variance_reduction: bool = key(False, "NorMuon-style: after orthogonalization, each row (column of a wide matrix) "
@@ -180,7 +187,8 @@ class ClimbmixDataConfig(DataConfig):
     name: str = key("climbmix", "ClimbMix-400B, streamed", choices=("climbmix",))
     repo: str = key("karpathy/climbmix-400b-shuffle", "hub dataset of the shards")
     num_shards: int = key(6543, "shards in the repo; the last is validation", ge=2)
-    num_train_shards: Optional[int] = key(None, "the first N shards are the training set; null = all but the last", ge=1)
+    num_train_shards: Optional[int] = key(None, "the first N shards are the training set; null = all but the last",
+                                          ge=1)
     local_dir: Optional[str] = key(None, "a folder holding the shards; null = stream from the hub")
     tokenizer_chars: int = key(2_000_000_000, "characters of training text the tokenizer learns from", ge=1)
     shuffle_rows: int = key(4096, "rows shuffled in a buffer per reader", ge=1)
@@ -191,7 +199,8 @@ class ClimbmixDataConfig(DataConfig):
 class LocalDataConfig(DataConfig):
     name: str = key("local", "your own .parquet/.jsonl/.json/.txt files, streamed", choices=("local",))
     path: str = key(MISSING, "a folder, a file or a glob (** recurses); files sorted by path",
-                    missing="data=local needs data.path: a folder, file or glob of .parquet, .jsonl/.json or .txt files")
+                    missing="data=local needs data.path: a folder, file or glob of .parquet, .jsonl/.json or "
+                            ".txt files")
     val_path: Optional[str] = key(None, "validation file(s); null = the last file of path")
     text_column: str = key("text", "the parquet column / json field that holds a document")
     txt_sample_by: str = key("document", "a .txt document: the whole file, a paragraph or a line",
@@ -227,8 +236,9 @@ class TrainerConfig:
     num_nodes: int = key(1, "nodes", ge=1)
     precision: str = key("auto", "auto = bf16-mixed on CUDA and on native-bf16 CPUs from n_embd 768, else 32-true",
                          choices=PRECISIONS)
-    strategy: str = key("auto", "Lightning strategy", choices=("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true",
-                                                               "fsdp", "deepspeed", "single_device"))
+    strategy: str = key("auto", "Lightning strategy",
+                        choices=("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fsdp", "deepspeed",
+                                 "single_device"))
 
 
 @dataclass
@@ -248,15 +258,17 @@ class LoggerConfig:
 class TrainLoopConfig:
     total_batch_tokens: int = key(MISSING, "tokens per optimizer step", ge=1)
     device_batch_size: int = key(MISSING, "sequences per micro-batch per device", ge=1)
-    max_steps: Optional[int] = key(None, "run length in steps (first set of max_steps, target_tokens, epochs, param_data_ratio)", ge=1)
+    max_steps: Optional[int] = key(None, "run length in steps (first set of max_steps, target_tokens, epochs, "
+                                         "param_data_ratio)", ge=1)
     target_tokens: Optional[int] = key(None, "run length in tokens", ge=1)
     epochs: Optional[int] = key(None, "passes over a corpus held in memory (data=sample, wiki, sft)", ge=1)
-    param_data_ratio: float = key(20, "tokens per hidden-matrix + lm_head parameter (nanochat's compute-optimal rule)", gt=0)
+    param_data_ratio: float = key(20, "tokens per hidden-matrix + lm_head parameter (nanochat's compute-optimal rule)",
+                                  gt=0)
     grad_clip: float = key(0.0, "max global grad norm; 0 = off", ge=0)
     skip_nonfinite_steps: int = key(0, "non-finite updates skipped before the run stops; 0 = stop at the first", ge=0)
     compile: bool = key(False, "torch.compile the training forward (evaluations run eager)")
-    cpu_threads: Optional[int] = key(None, "torch threads on CPU; null = torch's default (one per core); fp32 sums, and so "
-                                     "results, depend on it", ge=1)
+    cpu_threads: Optional[int] = key(None, "torch threads on CPU; null = torch's default (one per core); fp32 sums, "
+                                     "and so results, depend on it", ge=1)
     peak_flops: Optional[float] = key(None, "one device's peak FLOP/s, for train/mfu; null = by CUDA device name "
                                       "(H100, H200, A100, B200 bf16 dense), no MFU on CPU", gt=0)
     checkpoint_every: int = key(0, "resumable checkpoint every N steps; 0 = final only", ge=0)
@@ -269,7 +281,8 @@ class EvalConfig:
     val_tokens: Optional[int] = key(None, "validation tokens per bpb evaluation; null = the whole split", ge=1)
     core_every: int = key(0, "CORE every N steps; <= 0 = off")
     core_max_per_task: int = key(500, "examples per CORE task during training", ge=1)
-    bundle_dir: Optional[str] = key(None, "CORE eval bundle; null: $XSA_EXP_EVAL_BUNDLE, else ~/.cache/xsa-exp/eval_bundle")
+    bundle_dir: Optional[str] = key(None, "CORE eval bundle; null: $XSA_EXP_EVAL_BUNDLE, else "
+                                          "~/.cache/xsa-exp/eval_bundle")
     diag_every: int = key(MISSING, "attention diagnostics every N steps; <= 0 = off")
     diag_rows: int = key(4, "validation rows in the fixed diagnostics batch", ge=1)
 
@@ -283,7 +296,8 @@ class LogConfig:
 @dataclass
 class TrainConfig:
     depth_name: str = key(MISSING, "the depth preset (set by depth=...)")
-    stack_name: str = key(MISSING, "the recipe the settings start from (set by stack=...)", choices=("classic", "nanochat_2604"))
+    stack_name: str = key(MISSING, "the recipe the settings start from (set by stack=...)",
+                          choices=("classic", "nanochat_2604"))
     stage_name: str = key(MISSING, "the stage (set by stage=...)", choices=("base", "sft"))
     seed: int = key(42, "seed of initialization and data order", ge=0, le=2**32 - 1)
     init_from: Optional[str] = key(None, "stage=sft: the base run directory it starts from")
@@ -326,8 +340,10 @@ class ChatCoreConfig:
 
 @dataclass
 class EvaluateEvalConfig:
-    metrics: List[str] = key(help="any of bpb, core, diagnostics, chatcore", factory=lambda: ["bpb", "core", "diagnostics"])
-    bundle_dir: Optional[str] = key(None, "CORE / ChatCORE eval bundle; null: $XSA_EXP_EVAL_BUNDLE, else ~/.cache/xsa-exp/eval_bundle")
+    metrics: List[str] = key(help="any of bpb, core, diagnostics, chatcore",
+                             factory=lambda: ["bpb", "core", "diagnostics"])
+    bundle_dir: Optional[str] = key(None, "CORE / ChatCORE eval bundle; null: $XSA_EXP_EVAL_BUNDLE, else "
+                                          "~/.cache/xsa-exp/eval_bundle")
     val_tokens: Optional[int] = key(None, "null: the run's eval.val_tokens", ge=1)
     precision: Optional[str] = key(None, "null: the precision the run trained with",
                                    choices=(None, "32-true", "32", "64-true", "bf16-mixed", "16-mixed"))
@@ -340,13 +356,14 @@ class EvaluateEvalConfig:
 class EvaluateConfig:
     run: str = key(MISSING, "the run directory or checkpoint to evaluate",
                    missing="evaluate.py needs run=<run directory or checkpoint>")
-    device: str = key("auto", "the device to evaluate on; auto = cuda when available", accepts="auto, cpu, cuda, cuda:N")
+    device: str = key("auto", "the device to evaluate on; auto = cuda when available",
+                      accepts="auto, cpu, cuda, cuda:N")
     wandb: bool = key(False, "also log the summary to a wandb run in the training run's project and group")
     eval: EvaluateEvalConfig = field(default_factory=EvaluateEvalConfig)
 
 
-DATA_SCHEMAS = {"sample": SampleDataConfig, "wiki": WikiDataConfig, "climbmix": ClimbmixDataConfig, "local": LocalDataConfig,
-                "sft": SftDataConfig}
+DATA_SCHEMAS = {"sample": SampleDataConfig, "wiki": WikiDataConfig, "climbmix": ClimbmixDataConfig,
+                "local": LocalDataConfig, "sft": SftDataConfig}
 
 
 def register() -> None:

@@ -78,17 +78,17 @@ def resolve_precision(trainer_cfg: DictConfig, n_embd: int) -> tuple[str, str]:
     if not cpu_has_native_bf16():
         return "32-true", "auto: CPU without native bf16 matmul"
     if n_embd < CPU_BF16_MIN_WIDTH:
-        return "32-true", (f"auto: CPU; below model.n_embd={CPU_BF16_MIN_WIDTH} bf16-mixed cost val bpb (BENCHMARKS.md), "
-                           "trainer.precision=bf16-mixed to trade")
+        return "32-true", (f"auto: CPU; below model.n_embd={CPU_BF16_MIN_WIDTH} bf16-mixed cost val bpb "
+                           "(BENCHMARKS.md), trainer.precision=bf16-mixed to trade")
     return "bf16-mixed", f"auto: CPU with native bf16 matmul and model.n_embd >= {CPU_BF16_MIN_WIDTH}"
 
 
 def warn_if_it_will_not_fit(model: GPT, cfg: DictConfig) -> None:
     """Before training, one line if the predicted peak memory exceeds the GPU's (xsa_exp/memory.py)."""
     device = torch.cuda.get_device_properties(torch.cuda.current_device())
-    message = memory_warning(model, cfg.train.device_batch_size, cfg.train.compile, cfg.optim.matrix_algorithm == "muon",
-                             device.total_memory, device.name, cfg.model.sequence_len * world_size(cfg.trainer),
-                             cfg.train.total_batch_tokens)
+    message = memory_warning(model, cfg.train.device_batch_size, cfg.train.compile,
+                             cfg.optim.matrix_algorithm == "muon", device.total_memory, device.name,
+                             cfg.model.sequence_len * world_size(cfg.trainer), cfg.train.total_batch_tokens)
     if message:
         rank_zero_warn(message)
 
@@ -124,12 +124,14 @@ def print_start(model: GPT, cfg: DictConfig, run: dict) -> None:
         arm = f"learnable alpha = {xsa.parametrization}(theta), starting at {xsa.alpha}"
     else:
         arm = f"alpha = {xsa.alpha}" + (" (standard attention)" if xsa.alpha == 0 else "")
-    lines.append(f"xsa: {arm}; layers {cfg.xsa.layers} -> {xsa.layers if xsa.layers else 'none'} of {model.config.n_layer}; "
-                 f"value source {xsa.value_source}")
-    lines.append(f"optimizer: {'Muon for hidden matrices + AdamW' if cfg.optim.matrix_algorithm == 'muon' else 'AdamW for everything'}")
+    lines.append(f"xsa: {arm}; layers {cfg.xsa.layers} -> {xsa.layers if xsa.layers else 'none'} "
+                 f"of {model.config.n_layer}; value source {xsa.value_source}")
+    lines.append(
+        "optimizer: "
+        f"{'Muon for hidden matrices + AdamW' if cfg.optim.matrix_algorithm == 'muon' else 'AdamW for everything'}")
     lines.append(f"schedule: {run['max_steps']} steps x {run['tokens_per_step']:,} tokens "
-                 f"({run['max_steps'] * run['tokens_per_step']:,} tokens), grad accumulation {run['grad_accumulation']}, "
-                 f"precision {run['precision']} ({run['precision_reason']})")
+                 f"({run['max_steps'] * run['tokens_per_step']:,} tokens), grad accumulation "
+                 f"{run['grad_accumulation']}, precision {run['precision']} ({run['precision_reason']})")
     lines.append(f"run directory: {run['run_dir']}")
     rank_zero_info("\n".join(lines))
 
@@ -170,7 +172,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
                       float32_matmul_precision=torch.get_float32_matmul_precision(),
                       xsa_layers=model.config.xsa.layers, param_counts=model.param_counts(),
                       flops_per_token=model.flops_per_token(), arm=summary,
-                      init_from=base and {"run": str(base.run_dir), "checkpoint": str(base.checkpoint), "step": base.step})
+                      init_from=base and {"run": str(base.run_dir), "checkpoint": str(base.checkpoint),
+                                          "step": base.step})
     print_start(model, cfg, run)
     if accelerator_is_cuda(cfg.trainer):
         warn_if_it_will_not_fit(model, cfg)
@@ -204,9 +207,9 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
         with contextlib.suppress(OSError):  # a full disk may refuse this too
             save_status(run_dir, status, trainer.global_step, f"{type(e).__name__}: {e}")
         if isinstance(e, OSError):
-            raise RuntimeError(f"cannot write to run directory {run_dir} at step {trainer.global_step} ({e.strerror or e}); "
-                               "completed checkpoints are intact — free space or fix permissions, then rerun with "
-                               "resume=auto") from e
+            raise RuntimeError(f"cannot write to run directory {run_dir} at step {trainer.global_step} "
+                               f"({e.strerror or e}); completed checkpoints are intact — free space or fix "
+                               "permissions, then rerun with resume=auto") from e
         raise
     preemption = next(c for c in callbacks if isinstance(c, PreemptionCheckpoint))
     if trainer.interrupted or preemption.stopped_at is not None:
@@ -242,7 +245,8 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT) -> list[L.Callba
     checkpoint is a host-sync step; the updates between them never wait for the device."""
     tokens = cfg.train.total_batch_tokens
     e = cfg.eval
-    bundle = require_bundle(e.bundle_dir, f"eval.core_every={e.core_every}", "use eval.core_every=0") if e.core_every > 0 else None
+    bundle = (require_bundle(e.bundle_dir, f"eval.core_every={e.core_every}", "use eval.core_every=0")
+              if e.core_every > 0 else None)
     sync = HostSync([cfg.log.print_every, e.every, e.diag_every, e.core_every, cfg.train.checkpoint_every])
     clock = UpdateClock(sync)
     peak = device_peak_flops(torch.device("cuda" if accelerator_is_cuda(cfg.trainer) else "cpu"), cfg.train.peak_flops)
@@ -263,7 +267,8 @@ def check_writable(run_dir: Path) -> None:
         with tempfile.NamedTemporaryFile(dir=run_dir):
             pass
     except OSError as e:
-        raise ConfigError(f"run directory {run_dir} is not writable ({e.strerror or e}); choose another hydra.run.dir") from None
+        raise ConfigError(f"run directory {run_dir} is not writable ({e.strerror or e}); "
+                          "choose another hydra.run.dir") from None
 
 
 def check_same_config(run_dir: Path, cfg: DictConfig) -> None:
@@ -273,8 +278,8 @@ def check_same_config(run_dir: Path, cfg: DictConfig) -> None:
     saved.pop("resume", None), current.pop("resume", None)
     if saved != current:
         diff = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
-        raise ConfigError(f"run directory {run_dir} was started with a different config (sections {', '.join(diff)} differ); "
-                          "resume with the same overrides or choose a new hydra.run.dir")
+        raise ConfigError(f"run directory {run_dir} was started with a different config (sections {', '.join(diff)} "
+                          "differ); resume with the same overrides or choose a new hydra.run.dir")
 
 
 @rank_zero_only

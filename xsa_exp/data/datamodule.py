@@ -44,13 +44,15 @@ class TextDataModule(L.LightningDataModule):
             self.corpus, fingerprint = None, fingerprint_of()
         elif data_cfg.name == "sft":
             if tokenizer_dir is None:
-                raise DataError("data=sft trains with a base run's tokenizer; use stage=sft init_from=<base run directory>")
+                raise DataError("data=sft trains with a base run's tokenizer; "
+                                "use stage=sft init_from=<base run directory>")
             self.corpus, fingerprint = None, "sft"
         elif data_cfg.name in ("climbmix", "local"):
             self.corpus = streamed_corpus(data_cfg)
             fingerprint = self.corpus.fingerprint
         else:
-            raise ValueError(f"data={data_cfg.name} is not an option; allowed: {', '.join(EMBEDDED_CORPORA)}, sft, climbmix, local")
+            raise ValueError(f"data={data_cfg.name} is not an option; "
+                             f"allowed: {', '.join(EMBEDDED_CORPORA)}, sft, climbmix, local")
         self.data_cfg = data_cfg
         self.sequence_len, self.vocab_size = sequence_len, vocab_size
         self.device_batch_size, self.seed = device_batch_size, seed
@@ -111,7 +113,8 @@ class TextDataModule(L.LightningDataModule):
         train_rows = cut_rows(train_tokens, row_len)
         self.val_rows, self.val_complete = cut_rows(val_tokens, row_len), True
         if len(train_rows) == 0 or len(self.val_rows) == 0:
-            raise ValueError(f"model.sequence_len={self.sequence_len} is longer than the corpus split; use a shorter sequence")
+            raise ValueError(f"model.sequence_len={self.sequence_len} is longer than the corpus split; "
+                             "use a shorter sequence")
         self.train_rows = EpochPermutations(train_rows, self.seed)
         self.unigram_bpb = unigram_bits_per_byte(train_tokens, val_tokens, self.token_bytes)
         rank_zero_info(f"data: {len(train_tokens):,} train tokens ({len(train_rows):,} rows), "
@@ -157,8 +160,8 @@ class TextDataModule(L.LightningDataModule):
         """A stream's order depends on its readers (ranks x workers): a resumed run must keep them."""
         if self.readers is not None and self.readers != readers:
             (ranks, workers), (now_ranks, now_workers) = self.readers, readers
-            raise DataError(f"this run's stream was read by {ranks} ranks x {workers} data loader workers, and would be "
-                            f"resumed with {now_ranks} x {now_workers}, which reads other batches; resume with "
+            raise DataError(f"this run's stream was read by {ranks} ranks x {workers} data loader workers, and would "
+                            f"be resumed with {now_ranks} x {now_workers}, which reads other batches; resume with "
                             f"trainer.devices x trainer.num_nodes = {ranks} and data.num_workers = {workers}")
         self.readers = readers
 
@@ -181,8 +184,9 @@ class TextDataModule(L.LightningDataModule):
             files = read_documents(self.corpus, self.corpus.val_files)
             rows = list(islice(packed_rows(self.tokenizer, files, self.sequence_len + 1), n_rows))
             if not rows:
-                raise DataError(f"the validation files of data={self.corpus.name} ({', '.join(self.corpus.val_files)}) hold "
-                                f"fewer than sequence_len + 1 = {self.sequence_len + 1} tokens; use a larger validation split")
+                raise DataError(f"the validation files of data={self.corpus.name} "
+                                f"({', '.join(self.corpus.val_files)}) hold fewer than sequence_len + 1 = "
+                                f"{self.sequence_len + 1} tokens; use a larger validation split")
             self.val_rows, self.val_complete = torch.stack(rows), n_rows is None or len(rows) < n_rows
         return self.val_rows[:n_rows]
 
@@ -209,7 +213,8 @@ class TextDataModule(L.LightningDataModule):
 
 
 def describe_val_scope(scope: dict) -> str:
-    """'' for the whole split, else 'over N of M tokens' (or 'over the first N tokens' of a split not read to its end)."""
+    """'' for the whole split, else 'over N of M tokens' (or 'over the first N tokens' of a split not read to its
+    end)."""
     if scope["whole"]:
         return ""
     if scope["split_tokens"] is None:

@@ -39,7 +39,8 @@ def load_rows(key: str, source: DictConfig):
         files = match_files(source.data_files, f"{key}.data_files")
         builder = FORMATS[PurePosixPath(files[0]).suffix]
         if builder == "text":
-            raise DataError(f"{key}.data_files={source.data_files}: chat data must be .jsonl, .json or .parquet, not .txt")
+            raise DataError(f"{key}.data_files={source.data_files}: chat data must be .jsonl, .json or .parquet, "
+                            "not .txt")
         where, load = ", ".join(files), lambda: datasets.load_dataset(builder, data_files=files, split="train")
     else:
         where = f"hub dataset {source.path} ({source.subset or 'default'}, split {source.split})"

@@ -71,19 +71,22 @@ def streamed_corpus(data_cfg: DictConfig) -> StreamedCorpus:
 def climbmix_corpus(cfg: DictConfig) -> StreamedCorpus:
     n_shards = cfg.num_shards
     if not isinstance(n_shards, int) or n_shards < 2:
-        raise DataSettingError(f"data.num_shards={n_shards!r} must be an integer >= 2 (training shards plus the validation shard)")
+        raise DataSettingError(f"data.num_shards={n_shards!r} must be an integer >= 2 (training shards plus the "
+                               "validation shard)")
     n_train = n_shards - 1 if cfg.num_train_shards is None else cfg.num_train_shards
     if not isinstance(n_train, int) or not 1 <= n_train < n_shards:
-        raise DataSettingError(f"data.num_train_shards={n_train!r} must be from 1 to {n_shards - 1} (the last shard is validation), "
-                        "or null for all of them")
+        raise DataSettingError(f"data.num_train_shards={n_train!r} must be from 1 to {n_shards - 1} (the last shard is "
+                               "validation), or null for all of them")
     names = [f"shard_{i:05d}.parquet" for i in [*range(n_train), n_shards - 1]]
     hub = f"https://huggingface.co/datasets/{cfg.repo}"
     if cfg.local_dir is None:
         variable = offline_variable()
         if variable:
-            raise DataSettingError(f"data=climbmix streams from {hub}, but {variable}={os.environ[variable]}; set data.local_dir "
-                            f"to a folder of its shard_XXXXX.parquet files, or unset {variable} to go online")
-        base, fix = f"hf://datasets/{cfg.repo}", f"check the connection to {hub}, or set data.local_dir to a local mirror"
+            raise DataSettingError(f"data=climbmix streams from {hub}, but {variable}={os.environ[variable]}; "
+                                   "set data.local_dir to a folder of its shard_XXXXX.parquet files, or unset "
+                                   f"{variable} to go online")
+        base, fix = (f"hf://datasets/{cfg.repo}",
+                     f"check the connection to {hub}, or set data.local_dir to a local mirror")
     else:
         local_dir = Path(cfg.local_dir).expanduser().resolve()
         fix = (f"put the shards in data.local_dir (the validation shard {names[-1]} too), lower data.num_train_shards, "
@@ -98,20 +101,23 @@ def climbmix_corpus(cfg: DictConfig) -> StreamedCorpus:
 
 def local_corpus(cfg: DictConfig) -> StreamedCorpus:
     if OmegaConf.is_missing(cfg, "path") or not cfg.path:
-        raise DataSettingError("data=local needs data.path: a folder, file or glob of .parquet, .jsonl/.json or .txt files")
+        raise DataSettingError("data=local needs data.path: a folder, file or glob of .parquet, .jsonl/.json or "
+                               ".txt files")
     if cfg.txt_sample_by not in TXT_SAMPLE_BY:
-        raise DataSettingError(f"data.txt_sample_by={cfg.txt_sample_by!r} is not an option; allowed: {', '.join(TXT_SAMPLE_BY)}")
+        raise DataSettingError(f"data.txt_sample_by={cfg.txt_sample_by!r} is not an option; "
+                               f"allowed: {', '.join(TXT_SAMPLE_BY)}")
     files = match_files(cfg.path, "data.path")
     if cfg.val_path is None:
         if len(files) < 2:
-            raise DataSettingError(f"data.path={cfg.path} matches one file, {files[0]}; the last file is the validation split, "
-                            "so give at least two files or set data.val_path")
+            raise DataSettingError(f"data.path={cfg.path} matches one file, {files[0]}; the last file is the "
+                                   "validation split, so give at least two files or set data.val_path")
         train, val = files[:-1], files[-1:]
     else:
         val = match_files(cfg.val_path, "data.val_path")
         train = [f for f in files if f not in val]
         if not train:
-            raise DataSettingError(f"data.path={cfg.path} has no files besides those of data.val_path={cfg.val_path}; give training files")
+            raise DataSettingError(f"data.path={cfg.path} has no files besides those of data.val_path={cfg.val_path}; "
+                                   "give training files")
     # Path, size and modification time of every training file: a changed corpus gets a new tokenizer.
     stats = [f"{f}:{os.stat(f).st_size}:{os.stat(f).st_mtime_ns}" for f in train]
     return StreamedCorpus("local", tuple(train), tuple(val), cfg.text_column, cfg.txt_sample_by,
@@ -172,7 +178,8 @@ def check_chat_sources(data_cfg: DictConfig) -> None:
         for name, source in data_cfg[part].items():
             key = f"data.{part}.{name}"
             if source.format not in CONVERTERS:
-                raise DataSettingError(f"{key}.format={source.format!r} is not an option; allowed: {', '.join(CONVERTERS)}")
+                raise DataSettingError(f"{key}.format={source.format!r} is not an option; "
+                                       f"allowed: {', '.join(CONVERTERS)}")
             if source.max_rows is not None:
                 _positive_int(source.max_rows, f"{key}.max_rows")
             if source.data_files:

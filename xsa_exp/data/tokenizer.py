@@ -22,7 +22,8 @@ import torch
 from xsa_exp.cluster import available_cpus
 
 # GPT-4's split pattern with numbers split into groups of at most two digits, as nanochat.
-SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
+                 r"""\s*[\r\n]|\s+(?!\S)|\s+""")
 # BOS starts every document; the rest are the chat tokens the SFT stage renders conversations with.
 SPECIAL_TOKENS = ["<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
                   "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>"]
@@ -47,7 +48,8 @@ class Tokenizer:
     def train(cls, texts: Iterable[str], vocab_size: int) -> Tokenizer:
         n_merged = vocab_size - len(SPECIAL_TOKENS)
         if n_merged < 256:
-            raise ValueError(f"model.vocab_size={vocab_size} is too small; byte-level BPE needs at least {256 + len(SPECIAL_TOKENS)}")
+            raise ValueError(f"model.vocab_size={vocab_size} is too small; "
+                             f"byte-level BPE needs at least {256 + len(SPECIAL_TOKENS)}")
         bpe = rustbpe.Tokenizer()
         bpe.train_from_iterator(iter(texts), n_merged, pattern=SPLIT_PATTERN)
         return cls({bytes(token): rank for token, rank in bpe.get_mergeable_ranks()}, bpe.get_pattern())
@@ -89,7 +91,8 @@ class Tokenizer:
         return tokenizer
 
 
-def load_or_train_tokenizer(cache_root: Path, key: str, vocab_size: int, texts: Callable[[], Iterable[str]]) -> tuple[Tokenizer, Path]:
+def load_or_train_tokenizer(cache_root: Path, key: str, vocab_size: int,
+                            texts: Callable[[], Iterable[str]]) -> tuple[Tokenizer, Path]:
     """The tokenizer cached under cache_root/key, trained on texts() the first time.
 
     Written to a temporary folder and renamed into place, so concurrent runs (a sweep) never see a

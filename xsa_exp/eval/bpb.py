@@ -39,7 +39,8 @@ class BitsPerByte(Metric):
 
 @torch.no_grad()
 def evaluate_bpb(model, batches, token_bytes: torch.Tensor, autocast=nullcontext) -> float:
-    """bpb of model over batches of packed rows (B, T + 1), masked targets not counted; leaves the model's train/eval mode as it was."""
+    """bpb of model over batches of packed rows (B, T + 1), masked targets not counted; leaves the model's train/eval
+    mode as it was."""
     device = next(model.parameters()).device
     metric = BitsPerByte(token_bytes).to(device)
     with evaluating(model):

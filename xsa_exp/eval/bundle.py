@@ -1,4 +1,5 @@
-"""The eval bundle (the public ``eval_bundle.zip``): where it is, downloading it, checking it is there, reading its files.
+"""The eval bundle (the public ``eval_bundle.zip``): where it is, downloading it, checking it is there, reading its
+files.
 
 Layout: ``core.yaml`` (CORE's ``icl_tasks``), ``eval_meta_data.csv`` (CORE's random baselines) and
 ``eval_data/<category>/<task>.jsonl`` (CORE's tasks; ChatCORE's ARC, GSM8K and HumanEval files).
@@ -98,10 +99,12 @@ def download_bundle(dest: str | os.PathLike, url: str = BUNDLE_URL) -> Path:
             with zipfile.ZipFile(archive) as zf:
                 zf.extractall(unpacked)
         except zipfile.BadZipFile as e:
-            raise BundleError(f"{url} did not yield a valid zip ({e}); place the unzipped bundle at {dest} yourself") from e
+            raise BundleError(f"{url} did not yield a valid zip ({e}); "
+                              f"place the unzipped bundle at {dest} yourself") from e
         root = unpacked / "eval_bundle" if (unpacked / "eval_bundle").is_dir() else unpacked
         if not (root / CORE_TASKS_FILE).is_file():
-            raise BundleError(f"the archive from {url} holds no core.yaml; place the unzipped bundle at {dest} yourself")
+            raise BundleError(f"the archive from {url} holds no core.yaml; "
+                              f"place the unzipped bundle at {dest} yourself")
         try:
             os.replace(root, dest)
         except OSError:
@@ -125,7 +128,8 @@ def read_examples(path: str | os.PathLike, check: Callable[[dict, str], None]) -
             except json.JSONDecodeError as e:
                 raise BundleError(f"{where}: malformed JSON ({e.msg}); fix or remove that line") from e
             if not isinstance(item, dict):
-                raise BundleError(f"{where}: expected a JSON object, got {type(item).__name__}; fix or remove that line")
+                raise BundleError(f"{where}: expected a JSON object, got {type(item).__name__}; "
+                                  "fix or remove that line")
             check(item, where)
             data.append((line_index, item))
     return data
@@ -146,7 +150,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m xsa_exp.eval.
     parser = argparse.ArgumentParser(prog=prog, description="eval bundle tools")
     commands = parser.add_subparsers(dest="command", required=True)
     download = commands.add_parser("download", help=f"download {BUNDLE_URL}")
-    download.add_argument("--dest", default=None, help=f"target folder (default: ${BUNDLE_ENV}, else {DEFAULT_BUNDLE_DIR})")
+    download.add_argument("--dest", default=None,
+                          help=f"target folder (default: ${BUNDLE_ENV}, else {DEFAULT_BUNDLE_DIR})")
     args = parser.parse_args(argv)
     with exit_on_user_error():
         path = download_bundle(resolve_bundle_dir(args.dest))

@@ -137,14 +137,16 @@ def categorical_predictions(model, tokenizer: Tokenizer, examples: list[dict], b
         letter_ids.append(ids[0])
     device = next(model.parameters()).device
     max_len = model.config.sequence_len
-    prompts = [render_prompt(tokenizer, [{"role": "user", "content": multiple_choice_prompt(e["question"], e["choices"])}])
+    prompts = [render_prompt(tokenizer, [{"role": "user",
+                                          "content": multiple_choice_prompt(e["question"], e["choices"])}])
                [-max_len:] for e in examples]  # a prompt longer than the context keeps its end
     predictions = []
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
         width = max(map(len, batch))
         idx = torch.full((len(batch), width), tokenizer.bos_id, dtype=torch.long)
-        for row, prompt in enumerate(batch):  # right padding: causal attention keeps it out of each prompt's last position
+        # right padding: causal attention keeps it out of each prompt's last position
+        for row, prompt in enumerate(batch):
             idx[row, :len(prompt)] = torch.tensor(prompt)
         logits = model(idx.to(device))
         last = logits[torch.arange(len(batch)), torch.tensor([len(p) - 1 for p in batch])]
@@ -166,7 +168,8 @@ def answer_texts(model, tokenizer: Tokenizer, user_texts: list[str], max_new_tok
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
         new_tokens = min(max_new_tokens, model.config.sequence_len - max(map(len, batch)))
-        replies += generate_batch(model, batch, new_tokens, stop_tokens=[special["<|assistant_end|>"], tokenizer.bos_id],
+        replies += generate_batch(model, batch, new_tokens,
+                                  stop_tokens=[special["<|assistant_end|>"], tokenizer.bos_id],
                                   tool_use=tokenizer if tool_use else None)
     return [tokenizer.decode(reply) for reply in replies]
 
@@ -226,13 +229,16 @@ def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, mmlu_source, ma
                     records.append({"prediction": LETTERS[predicted], "answer": LETTERS[example["gold"]],
                                     "correct": predicted == example["gold"], "index": index})
             elif task == "gsm8k":
-                replies = answer_texts(model, tokenizer, [e["question"] for _, e in examples], max_new_tokens, tool_use, batch_size)
+                replies = answer_texts(model, tokenizer, [e["question"] for _, e in examples], max_new_tokens, tool_use,
+                                       batch_size)
                 for (index, example), reply in zip(examples, replies):
                     predicted = final_number(reply)
                     records.append({"prediction": predicted, "answer": example["answer"],
-                                    "correct": same_number(predicted, example["answer"]), "index": index, "reply": reply})
+                                    "correct": same_number(predicted, example["answer"]), "index": index,
+                                    "reply": reply})
             else:
-                replies = answer_texts(model, tokenizer, [e["prompt"] for _, e in examples], max_new_tokens, tool_use, batch_size)
+                replies = answer_texts(model, tokenizer, [e["prompt"] for _, e in examples], max_new_tokens, tool_use,
+                                       batch_size)
                 result.sandbox = isolation_mode()
                 for (index, example), reply in zip(examples, replies):
                     outcome = run_program(humaneval_program(example, reply), timeout_s, memory_mb, result.sandbox)
@@ -241,8 +247,8 @@ def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, mmlu_source, ma
             correct = sum(r["correct"] for r in records)
             accuracy = correct / len(records)
             baseline = BASELINES[task]
-            task_result = ChatTaskResult(task, len(records), correct, accuracy, baseline, (accuracy - baseline) / (1 - baseline),
-                                         time.perf_counter() - start)
+            task_result = ChatTaskResult(task, len(records), correct, accuracy, baseline,
+                                         (accuracy - baseline) / (1 - baseline), time.perf_counter() - start)
             result.tasks[task] = task_result
             result.examples += [{"task": task, **r} for r in records]
             if progress:

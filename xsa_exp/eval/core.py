@@ -105,11 +105,13 @@ def load_task_specs(bundle_dir: str | os.PathLike) -> list[TaskSpec]:
     with open(meta_path, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows or not {"Eval Task", "Random baseline"} <= set(rows[0]):
-        raise BundleError(f"{meta_path} lacks the 'Eval Task' and 'Random baseline' columns; restore it from the public bundle")
+        raise BundleError(f"{meta_path} lacks the 'Eval Task' and 'Random baseline' columns; "
+                          "restore it from the public bundle")
     try:
         baselines = {row["Eval Task"]: float(row["Random baseline"]) for row in rows}
     except ValueError as e:
-        raise BundleError(f"{meta_path}: a 'Random baseline' is not a number ({e}); restore it from the public bundle") from e
+        raise BundleError(f"{meta_path}: a 'Random baseline' is not a number ({e}); "
+                          "restore it from the public bundle") from e
 
     with open(config_path, encoding="utf-8") as f:
         config = yaml.safe_load(f)
@@ -134,7 +136,8 @@ def load_task_specs(bundle_dir: str | os.PathLike) -> list[TaskSpec]:
             raise BundleError(f"{config_path}: task {label!r} has icl_task_type {task_type!r}; "
                               f"expected one of {', '.join(REQUIRED_FIELDS)}")
         if label not in baselines:
-            raise BundleError(f"task {label!r} from {config_path} has no row in {meta_path}; add its 'Random baseline' there")
+            raise BundleError(f"task {label!r} from {config_path} has no row in {meta_path}; "
+                              "add its 'Random baseline' there")
         specs.append(spec)
     return specs
 
@@ -214,7 +217,8 @@ def common_length(seqs: Sequence[Sequence[int]], from_end: bool = False) -> int:
     return n
 
 
-def token_spans(task_type: str, prompts: Sequence[str], tokenizer: TokenEncoder) -> tuple[list[list[int]], list[int], list[int]]:
+def token_spans(task_type: str, prompts: Sequence[str],
+                tokenizer: TokenEncoder) -> tuple[list[list[int]], list[int], list[int]]:
     """BOS-prefixed token sequences to forward, and per sequence the [start, end) span to score."""
     tokens = [[tokenizer.bos_id, *tokenizer.encode(p)] for p in prompts]
     if task_type == "multiple_choice":  # shared context, differing answers
@@ -303,7 +307,8 @@ class CoreResult:
 
 
 def evaluate_task(model: torch.nn.Module, tokenizer: TokenEncoder, spec: TaskSpec, data: Sequence[tuple[int, dict]],
-                  max_seq_len: int, device: torch.device, rank: int = 0, world_size: int = 1) -> tuple[TaskResult, list[dict]]:
+                  max_seq_len: int, device: torch.device, rank: int = 0,
+                  world_size: int = 1) -> tuple[TaskResult, list[dict]]:
     """Score one task's (shuffled, capped) examples. Under torch.distributed (world_size > 1) rank r scores
     examples r, r + R, ... and every rank gets all the records back in order, so each example is scored
     once and the result is the one process's exactly (an example's score depends on it alone)."""
@@ -347,7 +352,8 @@ def evaluate_core(model: torch.nn.Module, tokenizer: TokenEncoder, bundle_dir: s
     if tasks is not None:
         unknown = sorted(set(tasks) - {s.label for s in specs})
         if unknown:
-            raise BundleError(f"unknown CORE task(s) {', '.join(unknown)}; core.yaml has {', '.join(s.label for s in specs)}")
+            raise BundleError(f"unknown CORE task(s) {', '.join(unknown)}; "
+                              f"core.yaml has {', '.join(s.label for s in specs)}")
         wanted = set(tasks)
         specs = [s for s in specs if s.label in wanted]
     present = [s for s in specs if task_path(bundle_dir, s).is_file()]

@@ -45,7 +45,8 @@ class AttentionProbe:
         self.sums[name] = self.sums.get(name, 0) + values.float().sum(dim=(0, 2))
         self.counts[name] = self.counts.get(name, 0) + values.size(0) * values.size(2)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
         """Stands in for the layer's attention; q, k, v: (B, H, T, D), mask: (T, T) bool, True where a query
         sees a key (the layer's window); None: causal."""
         if mask is None:

@@ -161,7 +161,8 @@ def isolation_mode() -> str:
     return mode
 
 
-def run_program(program: str, timeout_s: float = 10.0, memory_mb: int = 1024, mode: str | None = None) -> ExecutionResult:
+def run_program(program: str, timeout_s: float = 10.0, memory_mb: int = 1024,
+                mode: str | None = None) -> ExecutionResult:
     """Run ``program`` (a complete Python source) contained as described above; it passes when the
     process exits 0 within ``timeout_s`` seconds of wall clock and ``memory_mb`` MiB of address space.
     ``mode`` is one of MODES; by default the strongest available (isolation_mode())."""
@@ -181,7 +182,8 @@ def _run(program: str, timeout_s: float, memory_mb: int, mode: str) -> Execution
         program_path.write_text(program, encoding="utf-8")
         stdout_path, stderr_path = os.path.join(root, "stdout"), os.path.join(root, "stderr")
         layout = None if mode == "guard only" else layout_for(workdir)
-        nproc = 0 if mode == "guard only" else NPROC_LIMIT  # outside a namespace it would count all the user's processes
+        # outside a namespace it would count all the user's processes
+        nproc = 0 if mode == "guard only" else NPROC_LIMIT
         command = [sys.executable, "-I", "-B", "-c", guard_program(nproc), SCRIPT_NAME]
         start = time.monotonic()
         with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr, open(program_path, "rb") as source:

@@ -27,8 +27,10 @@ _SANDBOX_UID = 1000  # any uid but 0: exec then leaves the program no capabiliti
 _PROJECT_DIR = Path(__file__).resolve().parents[2]
 
 # Linux constants (linux/sched.h, linux/mount.h, linux/fcntl.h, linux/prctl.h).
-_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x20000, 0x8000000, 0x10000000, 0x20000000, 0x40000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1, 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
+    0x20000, 0x8000000, 0x10000000, 0x20000000, 0x40000000)
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = (
+    0x1, 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000)
 _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID = 0x1, 0x2
 _AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
 _SYS_MOUNT_SETATTR = 442  # the same number on every architecture
@@ -92,7 +94,8 @@ def _c_string(text: str | None) -> bytes | None:
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, options: str | None = None) -> None:
-    _check(LIBC.mount(_c_string(source), _c_string(target), _c_string(fstype), flags, _c_string(options)), f"mount {target}")
+    _check(LIBC.mount(_c_string(source), _c_string(target), _c_string(fstype), flags, _c_string(options)),
+           f"mount {target}")
 
 
 def _make_tree_read_only(path: str) -> None:

@@ -88,7 +88,8 @@ class GPTConfig:
         """Each layer's sliding window as nanochat counts it (a query sees itself and `window` earlier keys), or
         None for full context. S is a quarter of the context rounded up to 128 (FlashAttention's tile)."""
         short = -(-self.sequence_len // 4 // 128) * 128
-        windows = [short if self.window_pattern[i % len(self.window_pattern)] == "S" else None for i in range(self.n_layer)]
+        windows = [short if self.window_pattern[i % len(self.window_pattern)] == "S" else None
+                   for i in range(self.n_layer)]
         windows[-1] = None
         return [None if w is not None and w >= self.sequence_len - 1 else w for w in windows]
 
@@ -143,7 +144,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     if window is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     if q.is_cuda:
-        return compiled_flex_attention()(q, k, v, block_mask=window_block_mask(q.size(2), window, q.device), enable_gqa=gqa)
+        return compiled_flex_attention()(q, k, v, block_mask=window_block_mask(q.size(2), window, q.device),
+                                         enable_gqa=gqa)
     mask = window_mask(torch.arange(q.size(2), device=q.device), k.size(2), window)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
@@ -252,7 +254,8 @@ class CausalSelfAttention(nn.Module):
         alpha = self.alpha()
         return torch.full((self.n_head,), alpha) if isinstance(alpha, float) else alpha.detach().float().cpu().flatten()
 
-    def forward(self, x: torch.Tensor, ve: torch.Tensor | None, cos_sin, kv_cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ve: torch.Tensor | None, cos_sin,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
         """cos_sin: rotary tables already sliced to the positions of x. With kv_cache, x holds the
         tokens after those already cached; XSA still projects against each new token's own v_i (with GQA,
         each query head against its group's value)."""
@@ -279,7 +282,8 @@ class CausalSelfAttention(nn.Module):
                                   window_mask(torch.arange(T, device=x.device), T, self.window))
         z = y
         if self.xsa_on:
-            z = exclusive_self_attention(y, v if self.xsa.value_source == "mixed" else v_plain, self.alpha(), self.xsa.eps)
+            z = exclusive_self_attention(y, v if self.xsa.value_source == "mixed" else v_plain, self.alpha(),
+                                         self.xsa.eps)
         if self.probe is not None:
             self.probe.record(y=y, z=z, v=self.per_query_head(v))
         return self.c_proj(z.transpose(1, 2).reshape(B, T, C))
@@ -402,7 +406,8 @@ class GPT(nn.Module):
             logits = cap * torch.tanh(logits / cap)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=loss_reduction)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
+                               reduction=loss_reduction)
 
     def smear(self, x: torch.Tensor, start: int, kv_cache: KVCache | None) -> torch.Tensor:
         """x_p + lambda * sigmoid(gate(x_p[:24])) * x_{p-1} at every position p >= 1 (cheap bigram information)."""

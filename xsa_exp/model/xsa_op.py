@@ -12,7 +12,8 @@ import math
 import torch
 
 
-def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor, alpha: float | torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor, alpha: float | torch.Tensor,
+                             eps: float = 1e-6) -> torch.Tensor:
     """Remove alpha times the projection of y onto v along the last dim.
 
     y: (B, H, T, D); v: (B, H, T, D), or (B, H_kv, T, D) under grouped-query attention, where each group of
@@ -27,7 +28,8 @@ def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor, alpha: float | to
         B, H, T, D = y.shape
         y, v = y.reshape(B, v.size(1), H // v.size(1), T, D), v.unsqueeze(2)
         if isinstance(alpha, torch.Tensor) and alpha.dim() == 4:
-            alpha = alpha.reshape(alpha.size(0), v.size(1), -1, *alpha.shape[2:]) if alpha.size(1) == H else alpha.unsqueeze(1)
+            alpha = (alpha.reshape(alpha.size(0), v.size(1), -1, *alpha.shape[2:]) if alpha.size(1) == H
+                     else alpha.unsqueeze(1))
         return _project_out(y, v, alpha, eps).view(B, H, T, D)
     return _project_out(y, v, alpha, eps)
 
@@ -49,5 +51,6 @@ def learnable_alpha(theta: torch.Tensor, parametrization: str) -> torch.Tensor:
 def initial_theta(alpha: float, parametrization: str) -> float:
     """The theta at which learnable_alpha starts at alpha (inside (0, 1) for sigmoid, [0, 1) for tanh)."""
     if not (0 < alpha < 1 if parametrization == "sigmoid" else 0 <= alpha < 1):
-        raise ValueError(f"initial alpha {alpha} is out of reach of {parametrization}(theta); use a value inside (0, 1)")
+        raise ValueError(f"initial alpha {alpha} is out of reach of {parametrization}(theta); "
+                         "use a value inside (0, 1)")
     return math.log(alpha / (1 - alpha)) if parametrization == "sigmoid" else math.atanh(alpha)

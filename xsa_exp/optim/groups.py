@@ -17,13 +17,15 @@ def build_param_groups(model, optim_cfg) -> list[dict]:
             muon = optim_cfg.muon
             groups.append(dict(role=role, algorithm="muon", params=params, lr=lr, momentum=float(muon.momentum),
                                nesterov=bool(muon.nesterov), ns_steps=int(muon.ns_steps),
-                               ns_coefficients=str(muon.ns_coefficients), ns_dtype=str(muon.ns_dtype), sharded=bool(muon.sharded),
-                               weight_decay=float(muon.weight_decay), cautious_weight_decay=bool(muon.cautious_weight_decay),
+                               ns_coefficients=str(muon.ns_coefficients), ns_dtype=str(muon.ns_dtype),
+                               sharded=bool(muon.sharded), weight_decay=float(muon.weight_decay),
+                               cautious_weight_decay=bool(muon.cautious_weight_decay),
                                variance_reduction=bool(muon.variance_reduction), beta2=float(muon.beta2)))
             continue
         if role in WIDTH_SCALED_ROLES:
             lr *= width_scale
-        wd = float(adamw.role_weight_decay.get(role, adamw.matrix_weight_decay if role == "matrix" else adamw.weight_decay))
+        wd = float(adamw.role_weight_decay.get(
+            role, adamw.matrix_weight_decay if role == "matrix" else adamw.weight_decay))
         betas = tuple(float(b) for b in adamw.role_betas.get(role, adamw.betas))
         groups.append(dict(role=role, algorithm="adamw", params=params, lr=lr, betas=betas,
                            eps=float(adamw.eps), weight_decay=wd, fused=bool(adamw.fused)))

@@ -62,7 +62,8 @@ def orthogonalize(g: torch.Tensor, ns_steps: int = 5, coefficients: str = "quint
     return x.mT if transposed else x
 
 
-def variance_reduce(update: torch.Tensor, second_moment: torch.Tensor, new_weight: float | torch.Tensor) -> torch.Tensor:
+def variance_reduce(update: torch.Tensor, second_moment: torch.Tensor,
+                    new_weight: float | torch.Tensor) -> torch.Tensor:
     """NorMuon-style variance reduction (arXiv:2510.05491), as nanochat 94b73ad runs it after orthogonalization:
     each row of a tall matrix (column of a wide one) is divided by the running RMS of its own entries, then the
     matrix is rescaled to the Frobenius norm it had. second_moment, (rows, 1) or (1, cols) per matrix (or a stack),
@@ -120,7 +121,8 @@ class MuonAdamW(torch.optim.Optimizer):
         params = [p for p in group["params"] if p.grad is not None]
         # sharded: under torch.distributed each rank orthogonalizes every world_size-th matrix and
         # broadcasts it; momentum (cheap) is still kept on every rank, so all states stay identical.
-        sharded = group.get("sharded", False) and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        sharded = (group.get("sharded", False) and dist.is_available() and dist.is_initialized()
+                   and dist.get_world_size() > 1)
         rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
         # On a skipped update the gradients count as zero and the momentum moves by a weight of 0 (so it is unchanged,
         # bit for bit); the update is multiplied by 0. Otherwise every value is what the unmasked step computes.

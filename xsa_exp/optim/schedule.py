@@ -21,8 +21,9 @@ class WarmupConstantWarmdown(torch.optim.lr_scheduler.LRScheduler):
         self.warmup_steps = warmup_steps
         self.warmdown_steps = round(warmdown_frac * total_steps)
         if warmup_steps + self.warmdown_steps > total_steps:
-            raise ConfigError(f"optim.schedule.warmup_steps={warmup_steps} + the warmdown ({self.warmdown_steps} steps) exceed "
-                              f"the run's {total_steps} steps; shorten the warmup (e.g. optim.schedule.warmup_steps=0)")
+            raise ConfigError(f"optim.schedule.warmup_steps={warmup_steps} + the warmdown ({self.warmdown_steps} "
+                              f"steps) exceed the run's {total_steps} steps; shorten the warmup "
+                              "(e.g. optim.schedule.warmup_steps=0)")
         self.final_lr_frac = final_lr_frac
         self.momentum_start, self.momentum_end = momentum_start, momentum_end
         self.momentum_warmup_steps = momentum_warmup_steps

@@ -10,7 +10,17 @@ from pathlib import Path
 from xsa_exp.errors import exit_on_user_error
 from xsa_exp.report import compare as cmp
 from xsa_exp.report import plots, render
-from xsa_exp.report.runs import Problem, ReportError, Run, RunProblem, assign_settings, discover, incomplete_reason, load_run, setting_name
+from xsa_exp.report.runs import (
+    Problem,
+    ReportError,
+    Run,
+    RunProblem,
+    assign_settings,
+    discover,
+    incomplete_reason,
+    load_run,
+    setting_name,
+)
 from xsa_exp.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 
 DESCRIPTION = "The study's report: tables, statistics and plots from run directories."
@@ -117,7 +127,8 @@ def trend_sections(results: list[cmp.ArmResult], plots_dir: Path, out: render.Nu
     """Δ val/bpb against model size (across depths) and against each setting that varies within a depth."""
     points = cmp.scale_trend(results)
     if points:
-        plots.plot_trend(points, plots_dir / "scale.png", "total parameters", "Δ val bpb (XSA − baseline) vs model size")
+        plots.plot_trend(points, plots_dir / "scale.png", "total parameters",
+                         "Δ val bpb (XSA − baseline) vs model size")
     text = render.scale_section(points, "scale.png" if points else None, out)
     for key, points in cmp.setting_trends(results).items():
         name = setting_name(key)

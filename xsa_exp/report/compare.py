@@ -46,7 +46,8 @@ class ArmResult:
         return diff, relative_change(diff, base)
 
     def diagnostics(self, name: str) -> pd.Series:
-        """diag/{name} per layer at each run's last diagnostics step, mean over the arm's runs (empty if never measured)."""
+        """diag/{name} per layer at each run's last diagnostics step, mean over the arm's runs (empty if never
+        measured)."""
         return pd.DataFrame([run.diagnostics(name) for run in self.runs]).mean()
 
     @property

@@ -43,7 +43,8 @@ class Arm:
     def of(cls, run: dict, parametrization: str = "sigmoid") -> Arm:
         """From run.json, and the run's xsa.parametrization (config.yaml)."""
         lr_scale = float(run.get("lr_scale", 1.0))
-        if not XSASettings(alpha=float(run["alpha"]), learnable=bool(run["learnable"]), layers=list(run["xsa_layers"])).active:
+        if not XSASettings(alpha=float(run["alpha"]), learnable=bool(run["learnable"]),
+                           layers=list(run["xsa_layers"])).active:
             return cls(run["optim"], 0.0, "", "", lr_scale)
         layers = run["layers"]
         if not isinstance(layers, str):  # a list of layer indices, or one index
@@ -82,7 +83,8 @@ class Arm:
 # Config keys whose values, where they differ between runs of one depth, make those runs different settings (e.g.
 # "tiny · sequence_len=512"), compared and trended apart: the model's shape and switches, the training length and
 # batch, the corpus and the precision. The arm's keys (xsa.*, the optimizer) and the seed are not settings.
-SETTING_KEYS = ("stack_name", "model.", "optim.muon.", "train.max_steps", "train.total_batch_tokens", "data.name", "trainer.precision")
+SETTING_KEYS = ("stack_name", "model.", "optim.muon.", "train.max_steps", "train.total_batch_tokens", "data.name",
+                "trainer.precision")
 
 
 @dataclass
@@ -129,7 +131,8 @@ class Run:
 
     def layer_columns(self, prefix: str) -> dict[int, str]:
         """Layer -> column for the per-layer columns "<prefix>/L<i>" of metrics.csv."""
-        found = {int(m.group(1)): c for c in self.metrics.columns if (m := re.fullmatch(rf"{re.escape(prefix)}/L(\d+)", c))}
+        found = {int(m.group(1)): c for c in self.metrics.columns
+                 if (m := re.fullmatch(rf"{re.escape(prefix)}/L(\d+)", c))}
         return dict(sorted(found.items()))
 
     def diagnostics(self, name: str) -> pd.Series:
@@ -241,10 +244,12 @@ def setting_name(key: str) -> str:
 
 
 def incomplete_reason(run: Run) -> str:
-    lacking = [str(p.relative_to(run.path)) for p in (run.path / rd.METRICS, rd.final_checkpoint(run.path)) if not p.is_file()]
+    lacking = [str(p.relative_to(run.path)) for p in (run.path / rd.METRICS, rd.final_checkpoint(run.path))
+               if not p.is_file()]
     status = run.status.get("status")
-    why = f"{status} at step {run.status.get('step')}" + (f": {run.status['error']}" if run.status.get("error") else "") \
-        if status in ("failed", "interrupted") else "failed, or still running"
+    why = (f"{status} at step {run.status.get('step')}"
+           + (f": {run.status['error']}" if run.status.get("error") else "")
+           if status in ("failed", "interrupted") else "failed, or still running")
     return f"incomplete: no {' and no '.join(lacking)} ({why})"
 
 
