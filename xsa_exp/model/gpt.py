@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from xsa_exp.model.xsa import XSASettings
 from xsa_exp.model.xsa_op import exclusive_self_attention, initial_theta, learnable_alpha
+from xsa_exp.schema import ModelConfig
 
 
 def value_embedding_layers(n_layer: int, enabled: bool = True) -> list[int]:
@@ -43,32 +44,14 @@ SMEAR_GATE_CHANNELS = 24
 
 
 @dataclass
-class GPTConfig:
+class GPTConfig(ModelConfig):
+    """The schema's `model` keys (xsa_exp/schema.py: every switch's default and meaning, once), with the shape
+    defaults of nanochat's d12 for code that builds a model directly, and the resolved XSA settings."""
     sequence_len: int = 2048
     vocab_size: int = 32768
     n_layer: int = 12
     n_head: int = 12
-    n_kv_head: int | None = None  # None: n_head (no GQA)
     n_embd: int = 768
-    rope: bool = True
-    rope_base: float = 100000.0
-    qk_norm: bool = True
-    mlp_activation: str = "relu2"  # relu2 | gelu
-    value_embeds: bool = True
-    ve_gate_channels: int = 12
-    resid_scalars: bool = True
-    logit_softcap: float = 15.0  # 0 turns the soft-cap off
-    zero_init_proj: bool = True
-    tie_embeddings: bool = False
-    window_pattern: str = "L"  # tiled over layers: L full context, S short; the last layer is always L
-    qk_scale: float = 1.0
-    smear: bool = False
-    backout: bool = False
-    wte_init_std: float = 1.0
-    fc_init_scale: float = 1.0
-    resid_lambda_init: tuple[float, float] = (1.0, 1.0)  # first and last layer, linear in between
-    x0_lambda_init: tuple[float, float] = (0.1, 0.1)
-    ve_gate_init: float = 0.0  # gate weights ~ U(0, ve_gate_init); 0: zeros
     xsa: XSASettings = field(default_factory=XSASettings)  # the layers it runs in, its strength, where v comes from
 
     @property
@@ -98,7 +81,7 @@ class GPTConfig:
         """Build from the Hydra `model` and `xsa` nodes; raises ConfigError on a bad layer selection."""
         settings = dict(model_cfg)
         for pair in ("resid_lambda_init", "x0_lambda_init"):
-            settings[pair] = tuple(float(x) for x in settings[pair])
+            settings[pair] = [float(x) for x in settings[pair]]
         config = cls(**settings)
         config.xsa = XSASettings.from_config(xsa_cfg, config.n_layer, config.ve_layers)
         return config
