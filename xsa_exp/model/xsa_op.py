@@ -25,12 +25,10 @@ def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor, alpha: float | to
     then 0 and z = y).
     """
     if v.size(1) != y.size(1):  # grouped: (B, H_kv, group, T, D) against (B, H_kv, 1, T, D)
-        B, H, T, D = y.shape
-        y, v = y.reshape(B, v.size(1), H // v.size(1), T, D), v.unsqueeze(2)
-        if isinstance(alpha, torch.Tensor) and alpha.dim() == 4:
-            alpha = (alpha.reshape(alpha.size(0), v.size(1), -1, *alpha.shape[2:]) if alpha.size(1) == H
-                     else alpha.unsqueeze(1))
-        return _project_out(y, v, alpha, eps).view(B, H, T, D)
+        groups = (v.size(1), -1)
+        if isinstance(alpha, torch.Tensor) and alpha.dim() == 4:  # per query head (1, H, 1, 1), or (1, 1, 1, 1)
+            alpha = alpha.unflatten(1, groups) if alpha.size(1) > 1 else alpha.unsqueeze(1)
+        return _project_out(y.unflatten(1, groups), v.unsqueeze(2), alpha, eps).flatten(1, 2)
     return _project_out(y, v, alpha, eps)
 
 
