@@ -30,7 +30,7 @@ from hydra import compose, initialize_config_dir
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from xsa_exp.model import GPT, GPTConfig  # noqa: E402
-from xsa_exp.optim import MuonAdamW, WarmupConstantWarmdown, build_param_groups  # noqa: E402
+from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups  # noqa: E402
 
 SHAPE = dict(n_layer=4, n_head=4, n_embd=128, sequence_len=256, vocab_size=4096)  # 4096: no vocabulary padding
 STEPS, TOTAL_STEPS = 5, 1000
@@ -91,7 +91,7 @@ def compare(nanochat, n_kv_head: int, ns_dtype: str, weight_decay: float) -> Non
     optimizer = theirs.setup_optimizer(unembedding_lr=0.008, embedding_lr=0.3, matrix_lr=0.02,
                                        weight_decay=weight_decay, scalar_lr=0.5)
     ours_opt = MuonAdamW(build_param_groups(ours, cfg.optim))
-    schedule = WarmupConstantWarmdown(ours_opt, TOTAL_STEPS, cfg.optim.schedule.warmup_steps,
+    schedule = OptimizerSchedule(ours_opt, TOTAL_STEPS, cfg.optim.schedule.warmup_steps,
                                       cfg.optim.schedule.warmdown_frac, cfg.optim.schedule.final_lr_frac,
                                       cfg.optim.muon.momentum_start, cfg.optim.muon.momentum,
                                       cfg.optim.muon.momentum_warmup_steps, cfg.optim.muon.momentum_warmdown,

@@ -36,7 +36,7 @@ from hydra import compose, initialize_config_dir
 
 from xsa_exp.cluster import peak_flops
 from xsa_exp.model import GPT, GPTConfig
-from xsa_exp.optim import MuonAdamW, WarmupConstantWarmdown, build_param_groups
+from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"alpha=0": ["xsa.alpha=0"], "alpha=1": ["xsa.alpha=1"], "learnable": ["xsa=learnable"]}
@@ -55,7 +55,7 @@ def build(overrides: list[str], device: str, compile_model: bool):
     if compile_model:
         model.compile()
     optimizer = MuonAdamW(build_param_groups(model, cfg.optim))
-    scheduler = WarmupConstantWarmdown(optimizer, 10**6, 0.0, 0.0, 0.0, 0.85, 0.95, 300)
+    scheduler = OptimizerSchedule(optimizer, 10**6, 0.0, 0.0, 0.0, 0.85, 0.95, 300)
     return cfg, model, optimizer, scheduler
 
 

@@ -116,10 +116,10 @@ def test_slurm_launcher_composes_with_one_task_per_gpu():
 
 
 def test_run_directory_names_say_the_arm():
-    from xsa_exp.config import xsa_arm_name
+    from xsa_exp.arm import Arm
 
-    assert xsa_arm_name(1.0, False) == "a1.0" and xsa_arm_name(0.0, False) == "a0.0"
-    assert xsa_arm_name(0.5, True) == "learnable_from_a0.5"
+    assert Arm.dir_name(1.0, False) == "a1.0" and Arm.dir_name(0.0, False) == "a0.0"
+    assert Arm.dir_name(0.5, True) == "learnable_from_a0.5"
 
 
 @pytest.mark.parametrize("native, width, expected", [(True, 768, "bf16-mixed"), (True, 1024, "bf16-mixed"),
@@ -152,3 +152,47 @@ except Exception as e:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["ModelConfig", "ClimbmixDataConfig", "True", "ValidationError"]
+
+
+def yaml_leaves(node: dict, path: tuple = ()):
+    for name, value in node.items():
+        if isinstance(value, dict):
+            yield from yaml_leaves(value, (*path, name))
+        else:
+            yield (*path, name), value
+
+
+def schema_default(schema, path: tuple):
+    """The schema's value at path (a typed dict's entry gets its element type's defaults); MISSING is '???'."""
+    node = schema
+    for name in path[:-1]:
+        if node.get(name) is None:  # an entry of a typed dict, or an Optional node left at None
+            node = OmegaConf.merge(node, {name: {}})
+        node = node[name]
+    return OmegaConf.to_container(node).get(path[-1], "<not in the schema>")
+
+
+def test_conf_files_set_only_what_differs_from_the_schema():
+    """Each default and its help live once, in xsa_exp/schema.py: a group option (or train.yaml, evaluate.yaml)
+    that sets a key to the schema's own default repeats it. Stages and experiments are exempt: they override
+    the choices of other options (stage=sft's warmup 0 undoes a stack's 40)."""
+    import yaml
+
+    from xsa_exp.schema import DATA_SCHEMAS, EvaluateConfig, TrainConfig
+    train, repeats = OmegaConf.structured(TrainConfig), []
+    for file in sorted(CONF_DIR.rglob("*.yaml")):
+        group, text = file.parent.relative_to(CONF_DIR).parts, file.read_text()
+        if group and group[0] in ("experiment", "stage", "hydra"):
+            continue
+        if file.name == "evaluate.yaml":
+            schema = OmegaConf.structured(EvaluateConfig)
+        elif group == ("data",):
+            schema = OmegaConf.structured(DATA_SCHEMAS[file.stem])
+        elif not group or "@package _global_" in text:
+            schema = train
+        else:
+            schema = train[group[0]]
+        content = {k: v for k, v in (yaml.safe_load(text) or {}).items() if k not in ("defaults", "hydra")}
+        repeats += [f"{file.relative_to(CONF_DIR)}: {'.'.join(path)}={value}" for path, value in yaml_leaves(content)
+                    if schema_default(schema, path) == value]
+    assert not repeats, "\n".join(repeats)

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from xsa_exp.model import GPT, GPTConfig, XSASettings
+from xsa_exp.model import GPT, GPTConfig, XSASettings, gpt
+from xsa_exp.schema import LrConfig
 
 
 def make(learnable=False, alpha=1.0, **kw):
@@ -48,6 +49,15 @@ def test_every_parameter_has_exactly_one_role():
     assert {n for n, _ in groups["xsa_theta"]} == {f"blocks.{i}.attn.xsa_theta" for i in range(4)}
     counts = model.param_counts()
     assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
+
+
+def test_each_optimizer_role_has_its_learning_rate_key_and_a_parameter_with_two_roles_is_refused(monkeypatch):
+    assert [role.name for role in gpt.PARAM_ROLES] == list(LrConfig.__dataclass_fields__)
+    model = make()
+    monkeypatch.setattr(gpt, "PARAM_ROLES", (*gpt.PARAM_ROLES, gpt.ParamRole("extra", lambda n, p: n == "x0_lambdas",
+                                                                              "scalars")))
+    with pytest.raises(RuntimeError, match="parameter x0_lambdas has 2 optimizer roles"):
+        model.named_param_groups()
 
 
 def test_loss_ignores_minus_one_targets_and_per_token_reduction():

@@ -5,7 +5,7 @@ import torch
 
 from tests.conftest import compose_config
 from xsa_exp.model import GPT, GPTConfig
-from xsa_exp.optim import MuonAdamW, WarmupConstantWarmdown, build_param_groups, orthogonalize
+from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups, orthogonalize
 
 
 def relative_error(a, b):
@@ -208,7 +208,7 @@ def test_schedule_warmup_constant_warmdown_and_momentum():
     q = torch.nn.Parameter(torch.ones(2))
     opt = MuonAdamW([muon_group([p]),
                      dict(algorithm="adamw", params=[q], lr=0.1, betas=(0.8, 0.95), eps=1e-10, weight_decay=0)])
-    sched = WarmupConstantWarmdown(opt, total_steps=100, warmup_steps=10, warmdown_frac=0.5, final_lr_frac=0.2,
+    sched = OptimizerSchedule(opt, total_steps=100, warmup_steps=10, warmdown_frac=0.5, final_lr_frac=0.2,
                                    momentum_start=0.85, momentum_end=0.95, momentum_warmup_steps=40)
     lrs, momenta = [], []
     for _ in range(100):

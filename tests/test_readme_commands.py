@@ -1,7 +1,8 @@
-"""Every `python train.py` and `python evaluate.py` command in the README's code blocks composes and passes the
-preflight (every key, value and sweep job checked, data files included), with local stand-ins for what
-a user's machine has: a ClimbMix mirror (empty shard files under the real names), a folder of jsonl
-files, a finished base run for the SFT commands. So a documented command cannot drift from the configs."""
+"""Every `python train.py` and `python evaluate.py` command in the code blocks of the README and of the study's
+results (docs/results/README.md) composes and passes the preflight (every key, value and sweep job checked, data
+files included), with local stand-ins for what a user's machine has: a ClimbMix mirror (empty shard files under the
+real names), a folder of jsonl files, a finished base run for the SFT commands. So a documented command cannot
+drift from the configs."""
 
 import os
 import re
@@ -22,7 +23,7 @@ COMMAND = re.compile(r"python (train|evaluate)\.py((?:[^;#`]|#(?=\S))*)")
 
 def readme_commands() -> list[tuple[str, str]]:
     """(entry point, argument string) of each command, continuation lines joined, comments dropped."""
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "README.md").read_text() + (REPO / "docs" / "results" / "README.md").read_text()
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from xsa_exp import run_dir as rd
+from xsa_exp.arm import Arm
 from xsa_exp.report import ReportError, bootstrap_examples, build_report, main, mean_ci, t_quantile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,20 +23,17 @@ N_LAYER = 2
 def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_bpb: float = 0.85, steps: int = 20,
              depth: str = "d12", optim: str = "muon", layers="all", learnable: bool = False, complete: bool = True,
              evals: tuple[dict, ...] = (), tokens_per_step: int = 1000, stage: str = "base",
-             lr_scale: float | None = None, n_params: int = 1000, tokens_per_sec: float | None = None,
+             lr_scale: float = 1.0, n_params: int = 1000, tokens_per_sec: float | None = None,
              losses: list[float] | None = None, val_scope: dict | None = None, status: dict | None = None,
              config: str = "") -> Path:
     """A run directory as train.py (+ evaluate.py) leaves it: train rows every step, val at 0, half way and the
-    end (ending at final_bpb), a diagnostics row at the end; `evals`: kwargs of make_eval. lr_scale None: a run
-    from before optim.lr_scale (no key); losses: train/loss per step (train/loss_smooth then follows them); config:
-    more of config.yaml (YAML)."""
+    end (ending at final_bpb), a diagnostics row at the end; `evals`: kwargs of make_eval; losses: train/loss per
+    step (train/loss_smooth then follows them); config: more of config.yaml (YAML)."""
     run = root / name
     run.mkdir(parents=True)
     xsa_layers = [] if layers == "none" else list(range(N_LAYER))
-    arm = rd.arm_info(stage=stage, depth=depth, alpha=alpha, learnable=learnable, layers=layers, value_source="mixed",
-                      optim=optim, lr_scale=lr_scale, seed=seed)
-    if lr_scale is None:
-        del arm["lr_scale"]
+    arm = Arm.run_keys(stage=stage, depth=depth, alpha=alpha, learnable=learnable, layers=layers, value_source="mixed",
+                       optim=optim, lr_scale=lr_scale, seed=seed)
     info = rd.run_info(run_dir=run, max_steps=steps, tokens_per_step=tokens_per_step, grad_accumulation=1,
                        precision="32-true", precision_reason="test", float32_matmul_precision="highest",
                        xsa_layers=xsa_layers, param_counts={"total": n_params}, flops_per_token=6 * n_params, arm=arm)

@@ -103,7 +103,7 @@ def test_lr_stability_counts_diverged_and_failed_runs(tmp_path):
     spiky = [3.0] * 20
     spiky[14] = spiky[15] = spiky[18] = 4.5  # two spikes (steps 15-16 and 19)
     for seed in (1, 2):
-        make_run(study, f"b1-s{seed}", alpha=0.0, seed=seed, final_bpb=0.90 + seed / 100)  # no lr_scale: 1
+        make_run(study, f"b1-s{seed}", alpha=0.0, seed=seed, final_bpb=0.90 + seed / 100)
         make_run(study, f"x1-s{seed}", alpha=1.0, seed=seed, lr_scale=1.0, final_bpb=0.89 + seed / 100)
         make_run(study, f"b8-s{seed}", alpha=0.0, seed=seed, lr_scale=8.0, final_bpb=0.95,
                  losses=spiky if seed == 1 else None)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from xsa_exp import run_dir as rd
+from xsa_exp.arm import Arm
 
 
 def save(path, step):
@@ -42,8 +43,8 @@ def test_status_and_run_info_round_trip(tmp_path):
     assert rd.read_status(tmp_path) == {"status": "failed", "step": 7, "error": "FloatingPointError: x"}
     with pytest.raises(ValueError):
         rd.write_status(tmp_path, "done", 7)
-    arm = rd.arm_info(stage="base", depth="d2", alpha=1.0, learnable=False, layers="all", value_source="mixed",
-                      optim="muon", lr_scale=1.0, seed=3)
+    arm = Arm.run_keys(stage="base", depth="d2", alpha=1.0, learnable=False, layers="all", value_source="mixed",
+                       optim="muon", lr_scale=1.0, seed=3)
     info = rd.run_info(run_dir=tmp_path, max_steps=10, tokens_per_step=512, grad_accumulation=1, precision="32-true",
                        precision_reason="test", float32_matmul_precision="highest", xsa_layers=[0, 1],
                        param_counts={"total": 5}, flops_per_token=600, arm=arm)

@@ -21,7 +21,7 @@ from xsa_exp.generate import generate, generate_batch
 from xsa_exp.model import GPT, GPTConfig, KVCache, XSASettings
 from xsa_exp.model.gpt import causal_attention, window_mask
 from xsa_exp.model.xsa_op import exclusive_self_attention
-from xsa_exp.optim import MuonAdamW, WarmupConstantWarmdown, build_param_groups
+from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups
 from xsa_exp.optim.muon_adamw import variance_reduce
 
 # The switches of the April 2026 stack, at a shape where the short window (128) is shorter than the context.
@@ -237,7 +237,7 @@ def test_stack_schedule_matches_nanochat_formulas():
     N, warmup, warmdown_ratio, final = 1000, 40, 0.65, 0.05
     w = torch.nn.Parameter(torch.randn(4, 4))
     opt = MuonAdamW([muon_group(w)])
-    sched = WarmupConstantWarmdown(opt, N, warmup, warmdown_ratio, final, 0.85, 0.97, 400, 0.90, "cosine")
+    sched = OptimizerSchedule(opt, N, warmup, warmdown_ratio, final, 0.85, 0.97, 400, 0.90, "cosine")
     warmdown = round(warmdown_ratio * N)
 
     def lr(it):
@@ -314,4 +314,4 @@ def test_stack_settings_errors_name_the_fix(override, message):
 def test_warmup_longer_than_the_run_is_refused():
     w = torch.nn.Parameter(torch.randn(4, 4))
     with pytest.raises(ConfigError, match="shorten the warmup"):
-        WarmupConstantWarmdown(MuonAdamW([muon_group(w)]), 100, 40, 0.65, 0.05, 0.85, 0.97, 400)
+        OptimizerSchedule(MuonAdamW([muon_group(w)]), 100, 40, 0.65, 0.05, 0.85, 0.97, 400)

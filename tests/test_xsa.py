@@ -204,7 +204,7 @@ def test_value_source_plain_projects_against_unmixed_value(monkeypatch):
 def test_settings_are_built_once_and_hold_the_one_on_rule():
     from omegaconf import OmegaConf
 
-    from xsa_exp.report.runs import Arm
+    from xsa_exp.arm import Arm
 
     xsa_cfg = OmegaConf.create({"alpha": 0.0, "learnable": False, "parametrization": "sigmoid", "value_source": "plain",
                                 "layers": "last:2", "eps": 1e-6})
@@ -216,7 +216,7 @@ def test_settings_are_built_once_and_hold_the_one_on_rule():
     model = GPT(GPTConfig(sequence_len=32, vocab_size=300, n_layer=3, n_head=2, n_embd=32, xsa=XSASettings(layers=[1])))
     assert [block.attn.xsa_on for block in model.blocks] == [False, True, False]
     # The report decides "no XSA" with the same rule, on run.json's values.
-    run = {"optim": "muon", "alpha": 0.5, "learnable": False, "layers": "all", "value_source": "mixed"}
-    assert Arm.of({**run, "xsa_layers": [0, 1]}).alpha == 0.5
-    assert (Arm.of({**run, "xsa_layers": []}).alpha == 0.0
-            and Arm.of({**run, "alpha": 0, "xsa_layers": [0]}).layers == "")
+    run = {"optim": "muon", "alpha": 0.5, "learnable": False, "layers": "all", "value_source": "mixed", "lr_scale": 1}
+    assert Arm.of_run({**run, "xsa_layers": [0, 1]}, "sigmoid").alpha == 0.5
+    assert (Arm.of_run({**run, "xsa_layers": []}, "sigmoid").alpha == 0.0
+            and Arm.of_run({**run, "alpha": 0, "xsa_layers": [0]}, "sigmoid").layers == "")

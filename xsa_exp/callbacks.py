@@ -18,7 +18,6 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from xsa_exp import run_dir as rd
 from xsa_exp.cluster import peak_memory_gb, synchronized_time
-from xsa_exp.data.datamodule import describe_val_scope
 from xsa_exp.eval.bpb import evaluate_bpb
 from xsa_exp.eval.core import evaluate_core
 from xsa_exp.eval.diagnostics import attention_diagnostics, flatten_diagnostics
@@ -205,7 +204,7 @@ class ValidationBPB(ScheduledEvaluation):
         return {"val/bpb": bpb}
 
     def console_note(self, trainer) -> str:
-        scope = describe_val_scope(trainer.datamodule.val_scope(self.val_tokens))
+        scope = rd.describe_val_scope(trainer.datamodule.val_scope(self.val_tokens))
         return f" ({scope})" if scope else ""
 
 

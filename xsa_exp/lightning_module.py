@@ -10,7 +10,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from xsa_exp.data.packing import inputs_and_targets
 from xsa_exp.model import GPT
-from xsa_exp.optim import MuonAdamW, WarmupConstantWarmdown, build_param_groups
+from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups
 from xsa_exp.run_dir import checkpoint_meta
 
 
@@ -93,7 +93,7 @@ class LanguageModel(L.LightningModule):
     def configure_optimizers(self):
         optimizer = MuonAdamW(build_param_groups(self.model, self.optim_cfg))
         muon, schedule = self.optim_cfg.muon, self.optim_cfg.schedule
-        scheduler = WarmupConstantWarmdown(
+        scheduler = OptimizerSchedule(
             optimizer, self.total_steps, schedule.warmup_steps, schedule.warmdown_frac, schedule.final_lr_frac,
             muon.momentum_start, muon.momentum, muon.momentum_warmup_steps, muon.momentum_warmdown,
             muon.weight_decay_schedule)

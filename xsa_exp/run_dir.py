@@ -7,7 +7,12 @@
     <run>/diagnostics.jsonl    attention diagnostics per head, one line per measured step
     <run>/checkpoints/         step000123.ckpt (periodic, preemption) and final.ckpt
     <run>/tokenizer/           the tokenizer, copied so the run outlives the cache
-    <run>/eval/<checkpoint>-step<N>-<YYYYmmdd-HHMMSS>/summary.json (+ per-task files), one folder per evaluate.py
+    <run>/eval/<checkpoint>-step<N>-<YYYYmmdd-HHMMSS>/   one folder per evaluate.py:
+        summary.json           every headline number (eval_summary)
+        core_tasks.csv, core_examples.jsonl            CORE per task and per example (paired comparisons)
+        chatcore_tasks.csv, chatcore_examples.jsonl    the same for ChatCORE (with each generated answer),
+        chatcore.json          ChatCORE's tasks covered and missing, and HumanEval's sandbox mode
+        diagnostics.csv        attention diagnostics per layer and head
 
 The newest checkpoint, for resuming and for loading alike: final.ckpt, else the step checkpoint with the highest
 step number in its name; one that does not load is skipped with a warning.
@@ -48,6 +53,9 @@ FINAL = "final.ckpt"
 TOKENIZER = "tokenizer"
 EVAL = "eval"
 SUMMARY = "summary.json"
+CORE_TASKS, CORE_EXAMPLES = "core_tasks.csv", "core_examples.jsonl"
+CHATCORE_TASKS, CHATCORE_EXAMPLES, CHATCORE_INFO = "chatcore_tasks.csv", "chatcore_examples.jsonl", "chatcore.json"
+EVAL_DIAGNOSTICS = "diagnostics.csv"
 STEP_CHECKPOINT = "step{step:06d}"  # a checkpoint's name without .ckpt (also Lightning's filename template)
 STEP_NAME = re.compile(r"step(\d+)(?:-v\d+)?\.ckpt")
 EVAL_TIME = re.compile(r"(\d{8}-\d{6})(?:-\d+)?$")  # eval/<checkpoint>-step<N>-<YYYYmmdd-HHMMSS>[-<n>]
@@ -100,17 +108,11 @@ def write_json(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=1))
 
 
-def arm_info(*, stage: str, depth: str, alpha: float, learnable: bool, layers, value_source: str, optim: str,
-             lr_scale: float, seed: int) -> dict:
-    """The arm of a run in a few top-level keys of run.json, for grouping in wandb and the report."""
-    return {"stage": stage, "depth": depth, "alpha": alpha, "learnable": learnable, "layers": layers,
-            "value_source": value_source, "optim": optim, "lr_scale": lr_scale, "seed": seed}
-
-
 def run_info(*, run_dir: Path | str, max_steps: int, tokens_per_step: int, grad_accumulation: int, precision: str,
              precision_reason: str, float32_matmul_precision: str, xsa_layers: list[int], param_counts: dict[str, int],
              flops_per_token: int, arm: dict, init_from: dict | None = None) -> dict:
-    """run.json's content at the start of a run (val_scope is added at the end, see update_run_info)."""
+    """run.json's content at the start of a run: `arm` is Arm.run_keys (xsa_exp/arm.py); val_scope is added at
+    the end (update_run_info)."""
     info = {"run_dir": str(run_dir), "max_steps": max_steps, "tokens_per_step": tokens_per_step,
             "grad_accumulation": grad_accumulation, "precision": precision, "precision_reason": precision_reason,
             "float32_matmul_precision": float32_matmul_precision, "xsa_layers": xsa_layers,
@@ -125,6 +127,16 @@ def write_run_files(run_dir: Path, config_yaml: str, info: dict) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / CONFIG, config_yaml)
     write_json(run_dir / RUN, info)
+
+
+def describe_val_scope(scope: dict | None) -> str:
+    """'' for the whole validation split (or a scope not known), else 'over N of M tokens' (or 'over the first N
+    tokens' of a split not read to its end)."""
+    if not scope or scope["whole"]:
+        return ""
+    if scope["split_tokens"] is None:
+        return f"over the first {scope['tokens']:,} tokens of the validation split"
+    return f"over {scope['tokens']:,} of {scope['split_tokens']:,} tokens"
 
 
 def read_run_info(run_dir: Path) -> dict:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 import warnings
@@ -16,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp import run_dir as rd
+from xsa_exp.arm import Arm
 from xsa_exp.callbacks import (
     AttentionDiagnostics,
     CoreEvaluation,
@@ -28,7 +28,7 @@ from xsa_exp.callbacks import (
 )
 from xsa_exp.cluster import cluster_plugins, device_peak_flops, export_submitit_local_ranks
 from xsa_exp.config import ConfigError, grad_accumulation, validate, world_size
-from xsa_exp.console import quiet_libraries, quiet_wandb_logger
+from xsa_exp.console import quiet_libraries, quiet_wandb_logger, wandb_offline
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.lightning_module import LanguageModel
@@ -93,20 +93,11 @@ def warn_if_it_will_not_fit(model: GPT, cfg: DictConfig) -> None:
         rank_zero_warn(message)
 
 
-def run_summary(cfg: DictConfig) -> dict:
-    """The arm of a run in a few top-level keys, for grouping and filtering in wandb and the report."""
-    layers = cfg.xsa.layers if isinstance(cfg.xsa.layers, (str, int)) else list(cfg.xsa.layers)
-    return rd.arm_info(stage=cfg.stage_name, depth=cfg.depth_name, alpha=cfg.xsa.alpha, learnable=cfg.xsa.learnable,
-                       layers=layers, value_source=cfg.xsa.value_source, optim=cfg.optim.matrix_algorithm,
-                       lr_scale=cfg.optim.lr_scale, seed=cfg.seed)
-
-
 def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict) -> list:
     loggers = [CSVLogger(save_dir=str(run_dir), name="", version="")]
     if cfg.logger.wandb is not None:
         w = cfg.logger.wandb
-        # Offline unless the user has a key or chose a mode: runs never block on the network.
-        offline = "WANDB_API_KEY" not in os.environ and "WANDB_MODE" not in os.environ
+        offline = wandb_offline()
         logger = WandbLogger(project=w.project, group=w.group, name=w.name or run_dir.name, tags=list(w.tags),
                              save_dir=str(run_dir), offline=offline)
         quiet_wandb_logger(logger)
@@ -143,18 +134,10 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     export_submitit_local_ranks()
     run_dir = Path(run_dir).resolve()
     check_writable(run_dir)
-    resume_from = None
-    # Under DDP every rank runs this with the same run_dir; only rank 0 creates the run, so only it
-    # may find someone else's run there (the others may already see the config rank 0 just wrote).
-    if (run_dir / rd.CONFIG).exists() and (cfg.resume == "auto" or rank_zero_only.rank == 0):
-        if cfg.resume != "auto":
-            raise ConfigError(f"run directory {run_dir} already holds a run; nothing was overwritten — choose a new "
-                              "hydra.run.dir, or add resume=auto to continue it")
-        check_same_config(run_dir, cfg)
-        if rd.read_status(run_dir).get("status") == "completed":
-            rank_zero_info(f"run {run_dir} is already complete; nothing to do")
-            return run_dir
-        resume_from = rd.newest_checkpoint(run_dir)
+    completed, resume_from = previous_attempt(cfg, run_dir)
+    if completed:
+        rank_zero_info(f"run {run_dir} is already complete; nothing to do")
+        return run_dir
     if cfg.train.cpu_threads is not None:
         torch.set_num_threads(cfg.train.cpu_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -162,18 +145,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     base = load_base_run(cfg, model)
     datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size, cfg.train.device_batch_size,
                                 cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER)
-    max_steps = resolve_max_steps(cfg.train, model, datamodule)
-    summary = run_summary(cfg)
-    precision, precision_reason = resolve_precision(cfg.trainer, cfg.model.n_embd)
-    if accelerator_is_cuda(cfg.trainer):
-        torch.set_float32_matmul_precision("high")  # TF32 for the matmuls autocast leaves in fp32 (as nanochat)
-    run = rd.run_info(run_dir=run_dir, max_steps=max_steps, tokens_per_step=cfg.train.total_batch_tokens,
-                      grad_accumulation=grad_accumulation(cfg), precision=precision, precision_reason=precision_reason,
-                      float32_matmul_precision=torch.get_float32_matmul_precision(),
-                      xsa_layers=model.config.xsa.layers, param_counts=model.param_counts(),
-                      flops_per_token=model.flops_per_token(), arm=summary,
-                      init_from=base and {"run": str(base.run_dir), "checkpoint": str(base.checkpoint),
-                                          "step": base.step})
+    run = describe_run(cfg, run_dir, model, resolve_max_steps(cfg.train, model, datamodule), base)
     print_start(model, cfg, run)
     if accelerator_is_cuda(cfg.trainer):
         warn_if_it_will_not_fit(model, cfg)
@@ -183,21 +155,74 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     else:
         rank_zero_info(f"resuming from {resume_from}")
 
-    module = LanguageModel(model, cfg.optim, max_steps, OmegaConf.to_container(cfg, resolve=True),
+    module = LanguageModel(model, cfg.optim, run["max_steps"], OmegaConf.to_container(cfg, resolve=True),
                            cfg.train.skip_nonfinite_steps, compile_forward=cfg.train.compile)
-    loggers = build_loggers(cfg, run_dir, summary)
+    loggers = build_loggers(cfg, run_dir, Arm.run_keys_of(cfg))
     callbacks = build_callbacks(cfg, run_dir, model)
-    # conf/trainer/ is passed to the Trainer as it is (precision "auto" resolved above); the rest is the run's.
-    trainer = L.Trainer(
-        **{**OmegaConf.to_container(cfg.trainer, resolve=True), "precision": run["precision"]},
-        max_steps=max_steps, accumulate_grad_batches=run["grad_accumulation"], plugins=cluster_plugins(),
-        gradient_clip_val=cfg.train.grad_clip or None, logger=loggers, callbacks=callbacks,
-        limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=cfg.train.checkpoint_every > 0,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(run_dir))
-    # The run directory is ours; CSVLogger's "not empty" warning is about our config files.
-    warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+    trainer = build_trainer(cfg, run, loggers, callbacks)
     if resume_from is not None:
         restore_csv_rows(loggers[0], run_dir, resume_from)
+    fit(trainer, module, datamodule, resume_from, run_dir)
+    preemption = next(c for c in callbacks if isinstance(c, PreemptionCheckpoint))
+    if trainer.interrupted or preemption.stopped_at is not None:
+        save_status(run_dir, "interrupted", trainer.global_step)
+        preemption.hand_over()  # under submitit: requeue the job and exit
+        return run_dir
+    trainer.save_checkpoint(rd.final_checkpoint(run_dir))
+    save_tokenizer(run_dir, datamodule)
+    if cfg.eval.every > 0:
+        update_run_file(run_dir, val_scope=datamodule.val_scope(cfg.eval.val_tokens))
+    save_status(run_dir, "completed", trainer.global_step)
+    rank_zero_info(f"done: metrics {run_dir / rd.METRICS}, checkpoint {rd.final_checkpoint(run_dir)}")
+    return run_dir
+
+
+def previous_attempt(cfg: DictConfig, run_dir: Path) -> tuple[bool, str | None]:
+    """(whether the run in run_dir is complete, the checkpoint to resume from): (False, None) for a new run.
+    A run already there is an error unless resume=auto, and then its config must be this one."""
+    # Under DDP every rank runs this with the same run_dir; only rank 0 creates the run, so only it
+    # may find someone else's run there (the others may already see the config rank 0 just wrote).
+    if not (run_dir / rd.CONFIG).exists() or (cfg.resume != "auto" and rank_zero_only.rank != 0):
+        return False, None
+    if cfg.resume != "auto":
+        raise ConfigError(f"run directory {run_dir} already holds a run; nothing was overwritten — choose a new "
+                          "hydra.run.dir, or add resume=auto to continue it")
+    check_same_config(run_dir, cfg)
+    if rd.read_status(run_dir).get("status") == "completed":
+        return True, None
+    return False, rd.newest_checkpoint(run_dir)
+
+
+def describe_run(cfg: DictConfig, run_dir: Path, model: GPT, max_steps: int, base: LoadedRun | None) -> dict:
+    """run.json's content: the arm, the schedule, the precision (resolved here) and the model's counts."""
+    precision, precision_reason = resolve_precision(cfg.trainer, cfg.model.n_embd)
+    if accelerator_is_cuda(cfg.trainer):
+        torch.set_float32_matmul_precision("high")  # TF32 for the matmuls autocast leaves in fp32 (as nanochat)
+    return rd.run_info(run_dir=run_dir, max_steps=max_steps, tokens_per_step=cfg.train.total_batch_tokens,
+                       grad_accumulation=grad_accumulation(cfg), precision=precision, precision_reason=precision_reason,
+                       float32_matmul_precision=torch.get_float32_matmul_precision(),
+                       xsa_layers=model.config.xsa.layers, param_counts=model.param_counts(),
+                       flops_per_token=model.flops_per_token(), arm=Arm.run_keys_of(cfg),
+                       init_from=base and {"run": str(base.run_dir), "checkpoint": str(base.checkpoint),
+                                           "step": base.step})
+
+
+def build_trainer(cfg: DictConfig, run: dict, loggers: list, callbacks: list) -> L.Trainer:
+    # conf/trainer/ is passed to the Trainer as it is (precision "auto" resolved in run.json); the rest is the run's.
+    trainer = L.Trainer(
+        **{**OmegaConf.to_container(cfg.trainer, resolve=True), "precision": run["precision"]},
+        max_steps=run["max_steps"], accumulate_grad_batches=run["grad_accumulation"], plugins=cluster_plugins(),
+        gradient_clip_val=cfg.train.grad_clip or None, logger=loggers, callbacks=callbacks,
+        limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=cfg.train.checkpoint_every > 0,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=run["run_dir"])
+    # The run directory is ours; CSVLogger's "not empty" warning is about our config files.
+    warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+    return trainer
+
+
+def fit(trainer: L.Trainer, module: LanguageModel, datamodule: TextDataModule, resume_from: str | None,
+        run_dir: Path) -> None:
+    """trainer.fit, with status.json saying why it stopped if it raised."""
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     except BaseException as e:
@@ -211,18 +236,6 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
                                f"({e.strerror or e}); completed checkpoints are intact — free space or fix "
                                "permissions, then rerun with resume=auto") from e
         raise
-    preemption = next(c for c in callbacks if isinstance(c, PreemptionCheckpoint))
-    if trainer.interrupted or preemption.stopped_at is not None:
-        save_status(run_dir, "interrupted", trainer.global_step)
-        preemption.hand_over()  # under submitit: requeue the job and exit
-        return run_dir
-    trainer.save_checkpoint(rd.final_checkpoint(run_dir))
-    save_tokenizer(run_dir, datamodule)
-    if cfg.eval.every > 0:
-        update_run_file(run_dir, val_scope=datamodule.val_scope(cfg.eval.val_tokens))
-    save_status(run_dir, "completed", trainer.global_step)
-    rank_zero_info(f"done: metrics {run_dir / rd.METRICS}, checkpoint {rd.final_checkpoint(run_dir)}")
-    return run_dir
 
 
 def load_base_run(cfg: DictConfig, model: GPT) -> LoadedRun | None:

@@ -212,16 +212,6 @@ class TextDataModule(L.LightningDataModule):
         return {"tokens": n_rows * self.sequence_len, "split_tokens": split, "whole": whole}
 
 
-def describe_val_scope(scope: dict) -> str:
-    """'' for the whole split, else 'over N of M tokens' (or 'over the first N tokens' of a split not read to its
-    end)."""
-    if scope["whole"]:
-        return ""
-    if scope["split_tokens"] is None:
-        return f"over the first {scope['tokens']:,} tokens of the validation split"
-    return f"over {scope['tokens']:,} of {scope['split_tokens']:,} tokens"
-
-
 def unigram_bits_per_byte(train_tokens: torch.Tensor, val_tokens: torch.Tensor, token_bytes: torch.Tensor) -> float:
     """Bits per byte of a model that predicts every token from its training frequency (add-one smoothed):
     the floor any trained model should get well below."""

@@ -1,12 +1,12 @@
-"""The GPT (gpt.py), XSA's settings (xsa.py) and op (xsa_op.py), eval mode (modes.py).
+"""The GPT (gpt.py), XSA's settings (xsa_settings.py) and op (xsa_op.py), eval mode (modes.py).
 
-Names load on first use, so that importing xsa_exp.model.xsa does not import torch (the report uses it).
+Names load on first use, so that importing xsa_exp.model.xsa_settings does not import torch (the report uses it).
 """
 
 import importlib
 
 _HOME = {"GPT": "gpt", "GPTConfig": "gpt", "KVCache": "gpt", "evaluating": "modes",
-         "exclusive_self_attention": "xsa_op", "XSASettings": "xsa", "resolve_layers": "xsa"}
+         "exclusive_self_attention": "xsa_op", "XSASettings": "xsa_settings", "resolve_layers": "xsa_settings"}
 
 __all__ = list(_HOME)
 

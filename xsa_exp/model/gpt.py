@@ -13,20 +13,48 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from xsa_exp.model.xsa import XSASettings
 from xsa_exp.model.xsa_op import exclusive_self_attention, initial_theta, learnable_alpha
+from xsa_exp.model.xsa_settings import XSASettings
 from xsa_exp.schema import ModelConfig
 
 
 def value_embedding_layers(n_layer: int, enabled: bool = True) -> list[int]:
     """Alternating layers ending at the last one, or none when value embeddings are off."""
     return [i for i in range(n_layer) if i % 2 == (n_layer - 1) % 2] if enabled else []
+
+
+@dataclass(frozen=True)
+class ParamRole:
+    """What the optimizer does with a kind of parameter. The name is its learning-rate key, optim.lr.<name>."""
+    name: str
+    owns: Callable[[str, nn.Parameter], bool]  # (parameter name, parameter) -> whether it has this role
+    counted_as: str                             # its line in GPT.param_counts
+    muon: bool = False                          # orthogonalized by Muon (unless optim.matrix_algorithm=adamw)
+    width_scaled_lr: bool = False               # AdamW lr x (n_embd / 768)^-0.5 (optim.width_lr_scaling), nanochat's
+
+
+# Every parameter has exactly one role (GPT.named_param_groups checks it); the optimizer's groups follow this order.
+PARAM_ROLES = (
+    ParamRole("matrix", lambda name, p: name.startswith("blocks.") and p.ndim == 2, "hidden matrices", muon=True),
+    ParamRole("embedding", lambda name, p: name == "wte.weight", "embeddings (wte + lm_head)", width_scaled_lr=True),
+    ParamRole("value_embedding", lambda name, p: name.startswith("value_embeds."), "value embeddings",
+              width_scaled_lr=True),
+    ParamRole("unembedding", lambda name, p: name == "lm_head.weight", "embeddings (wte + lm_head)",
+              width_scaled_lr=True),
+    ParamRole("resid_scalar", lambda name, p: name == "resid_lambdas", "scalars"),
+    ParamRole("x0_scalar", lambda name, p: name == "x0_lambdas", "scalars"),
+    ParamRole("smear_backout", lambda name, p: name in ("smear_gate.weight", "smear_lambda", "backout_lambda"),
+              "scalars"),
+    ParamRole("xsa_theta", lambda name, p: name.endswith(".xsa_theta"), "scalars"),
+)
+ROLE_BY_NAME = {role.name: role for role in PARAM_ROLES}
 
 
 # nanochat's starting points, named for why they are what they are:
@@ -414,29 +442,14 @@ class GPT(nn.Module):
         return torch.stack([block.attn.head_alphas() for block in self.blocks])
 
     def named_param_groups(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
-        """Every parameter under exactly one role; the optimizer assigns lr and algorithm per role."""
-        groups: dict[str, list] = {"matrix": [], "embedding": [], "value_embedding": [], "unembedding": [],
-                                   "resid_scalar": [], "x0_scalar": [], "smear_backout": [], "xsa_theta": []}
+        """The parameters of each role in PARAM_ROLES (roles without parameters left out)."""
+        groups: dict[str, list] = {role.name: [] for role in PARAM_ROLES}
         for name, p in self.named_parameters():
-            if name.endswith("xsa_theta"):
-                role = "xsa_theta"
-            elif name.startswith("blocks.") and p.ndim == 2:
-                role = "matrix"
-            elif name == "wte.weight":
-                role = "embedding"
-            elif name.startswith("value_embeds."):
-                role = "value_embedding"
-            elif name == "lm_head.weight":
-                role = "unembedding"
-            elif name == "resid_lambdas":
-                role = "resid_scalar"
-            elif name == "x0_lambdas":
-                role = "x0_scalar"
-            elif name in ("smear_gate.weight", "smear_lambda", "backout_lambda"):
-                role = "smear_backout"
-            else:
-                raise RuntimeError(f"parameter {name} has no optimizer role; add it to GPT.named_param_groups")
-            groups[role].append((name, p))
+            roles = [role.name for role in PARAM_ROLES if role.owns(name, p)]
+            if len(roles) != 1:
+                raise RuntimeError(f"parameter {name} has {len(roles)} optimizer roles ({roles}); give it exactly "
+                                   "one in PARAM_ROLES (xsa_exp/model/gpt.py)")
+            groups[roles[0]].append((name, p))
         return {role: params for role, params in groups.items() if params}
 
     def flops_per_token(self) -> int:
@@ -449,11 +462,8 @@ class GPT(nn.Module):
         return 6 * multiplying + sum(12 * c.n_embd * min(w or c.sequence_len, c.sequence_len) for w in c.windows)
 
     def param_counts(self) -> dict[str, int]:
-        counts = {role: sum(p.numel() for _, p in params) for role, params in self.named_param_groups().items()}
-        return {
-            "total": sum(p.numel() for p in self.parameters()),
-            "hidden matrices": counts.get("matrix", 0),
-            "embeddings (wte + lm_head)": counts.get("embedding", 0) + counts.get("unembedding", 0),
-            "value embeddings": counts.get("value_embedding", 0),
-            "scalars": sum(counts.get(r, 0) for r in ("resid_scalar", "x0_scalar", "smear_backout", "xsa_theta")),
-        }
+        counts = {"total": sum(p.numel() for p in self.parameters())}
+        counts.update({role.counted_as: 0 for role in PARAM_ROLES})
+        for role, params in self.named_param_groups().items():
+            counts[ROLE_BY_NAME[role].counted_as] += sum(p.numel() for _, p in params)
+        return counts

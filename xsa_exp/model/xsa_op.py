@@ -1,4 +1,4 @@
-"""Exclusive Self-Attention, the op (its settings are xsa_exp/model/xsa.py).
+"""Exclusive Self-Attention, the op (its settings are xsa_exp/model/xsa_settings.py).
 
 z_i = y_i - alpha * (<y_i, v_i> / max(|v_i|^2, eps)) * v_i, per head, on the attention output y
 before the output projection. alpha = 0 leaves y untouched; alpha = 1 removes the component of y_i
@@ -11,9 +11,11 @@ import math
 
 import torch
 
+from xsa_exp.schema import XSAConfig
+
 
 def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor, alpha: float | torch.Tensor,
-                             eps: float = 1e-6) -> torch.Tensor:
+                             eps: float = XSAConfig.eps) -> torch.Tensor:
     """Remove alpha times the projection of y onto v along the last dim.
 
     y: (B, H, T, D); v: (B, H, T, D), or (B, H_kv, T, D) under grouped-query attention, where each group of

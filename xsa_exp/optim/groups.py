@@ -1,9 +1,8 @@
-"""Route every model parameter to one param group of MuonAdamW, by its role in the GPT."""
+"""Route every model parameter to one param group of MuonAdamW, by its role (PARAM_ROLES, next to the model)."""
 
 from __future__ import annotations
 
-# Roles whose AdamW lr shrinks with width as (n_embd / 768)^-0.5, as nanochat does; scalars keep theirs.
-WIDTH_SCALED_ROLES = ("embedding", "value_embedding", "unembedding")
+from xsa_exp.model.gpt import ROLE_BY_NAME
 
 
 def build_param_groups(model, optim_cfg) -> list[dict]:
@@ -13,7 +12,7 @@ def build_param_groups(model, optim_cfg) -> list[dict]:
     for role, named in model.named_param_groups().items():
         params = [p for _, p in named]
         lr = float(optim_cfg.lr[role]) * optim_cfg.lr_scale
-        if role == "matrix" and optim_cfg.matrix_algorithm == "muon":
+        if ROLE_BY_NAME[role].muon and optim_cfg.matrix_algorithm == "muon":
             muon = optim_cfg.muon
             groups.append(dict(role=role, algorithm="muon", params=params, lr=lr, momentum=float(muon.momentum),
                                nesterov=bool(muon.nesterov), ns_steps=int(muon.ns_steps),
@@ -22,10 +21,10 @@ def build_param_groups(model, optim_cfg) -> list[dict]:
                                cautious_weight_decay=bool(muon.cautious_weight_decay),
                                variance_reduction=bool(muon.variance_reduction), beta2=float(muon.beta2)))
             continue
-        if role in WIDTH_SCALED_ROLES:
+        if ROLE_BY_NAME[role].width_scaled_lr:
             lr *= width_scale
         wd = float(adamw.role_weight_decay.get(
-            role, adamw.matrix_weight_decay if role == "matrix" else adamw.weight_decay))
+            role, adamw.matrix_weight_decay if ROLE_BY_NAME[role].muon else adamw.weight_decay))
         betas = tuple(float(b) for b in adamw.role_betas.get(role, adamw.betas))
         groups.append(dict(role=role, algorithm="adamw", params=params, lr=lr, betas=betas,
                            eps=float(adamw.eps), weight_decay=wd, fused=bool(adamw.fused)))

@@ -115,7 +115,7 @@ class MuonAdamW(torch.optim.Optimizer):
         return loss
 
     def _muon_step(self, group: dict) -> None:
-        lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
+        lr, wd = group["lr"], group["weight_decay"]
         variance_reduction, cautious = group.get("variance_reduction", False), group.get("cautious_weight_decay", False)
         ns_dtype = getattr(torch, group.get("ns_dtype", "bfloat16"))
         params = [p for p in group["params"] if p.grad is not None]
@@ -129,6 +129,20 @@ class MuonAdamW(torch.optim.Optimizer):
         keep = None if self.found_inf is None else 1 - self.found_inf
         skipped = None if keep is None else ~keep.bool()
         updates: list[torch.Tensor | None] = [None] * len(params)
+        owned = self._update_momenta(group, params, keep, skipped, rank, world, updates, ns_dtype)
+        self._orthogonalize(group, params, owned, keep, updates, ns_dtype)
+        if sharded:  # broadcast sends raw memory: each matrix contiguous
+            updates = [u.contiguous() for u in updates]
+            for handle in [dist.broadcast(u, src=i % world, async_op=True) for i, u in enumerate(updates)]:
+                handle.wait()
+        if variance_reduction:  # after the broadcast, on every rank: the second moments stay identical everywhere
+            self._variance_reduce(params, updates, 1 - group["beta2"] if keep is None else keep * (1 - group["beta2"]))
+        self._apply(params, updates, lr, wd, cautious, keep)
+
+    def _update_momenta(self, group, params, keep, skipped, rank, world, updates, ns_dtype) -> dict:
+        """Each matrix's momentum from its gradient; returns the matrices this rank orthogonalizes, grouped (by
+        shape on a GPU), and leaves an empty update for each matrix another rank broadcasts."""
+        momentum, variance_reduction = group["momentum"], group.get("variance_reduction", False)
         owned_by_shape = defaultdict(list)
         for i, p in enumerate(params):
             state = self.state[p]
@@ -146,6 +160,10 @@ class MuonAdamW(torch.optim.Optimizer):
                 owned_by_shape[p.shape if p.is_cuda else i].append((i, grad))
             else:
                 updates[i] = torch.empty(p.shape, dtype=ns_dtype, device=p.device)
+        return owned_by_shape
+
+    def _orthogonalize(self, group, params, owned_by_shape, keep, updates, ns_dtype) -> None:
+        momentum = group["momentum"]
         for owned in owned_by_shape.values():
             bufs = [self.state[params[i]]["momentum_buffer"] for i, _ in owned]
             momenta = [grad.lerp(buf, momentum) if group["nesterov"] else buf for (_, grad), buf in zip(owned, bufs)]
@@ -156,12 +174,11 @@ class MuonAdamW(torch.optim.Optimizer):
                 orthogonal.mul_(keep)
             for (i, _), update in zip(owned, orthogonal.unbind(0) if stacked else [orthogonal]):
                 updates[i] = update
-        if sharded:  # broadcast sends raw memory: each matrix contiguous
-            updates = [u.contiguous() for u in updates]
-            for handle in [dist.broadcast(u, src=i % world, async_op=True) for i, u in enumerate(updates)]:
-                handle.wait()
-        if variance_reduction:  # after the broadcast, on every rank: the second moments stay identical everywhere
-            self._variance_reduce(params, updates, 1 - group["beta2"] if keep is None else keep * (1 - group["beta2"]))
+
+    @staticmethod
+    def _apply(params, updates, lr, wd, cautious, keep) -> None:
+        """Weight decay (cautious: only where the update and the weight agree in sign) and the update, at the
+        matrix's shape-scaled lr."""
         for p, update in zip(params, updates):
             shape_lr = lr * math.sqrt(max(1.0, p.size(0) / p.size(1)))
             if wd and cautious:

@@ -11,7 +11,7 @@ import torch
 from xsa_exp.errors import ConfigError
 
 
-class WarmupConstantWarmdown(torch.optim.lr_scheduler.LRScheduler):
+class OptimizerSchedule(torch.optim.lr_scheduler.LRScheduler):
     """`last_epoch` counts optimizer updates done, so update s + 1 runs with lr_factor(s)."""
 
     def __init__(self, optimizer, total_steps: int, warmup_steps: int, warmdown_frac: float, final_lr_frac: float,

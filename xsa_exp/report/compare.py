@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from xsa_exp.report.runs import Arm, Run, setting_name
+from xsa_exp.arm import Arm
+from xsa_exp.report.runs import Run, setting_name
 from xsa_exp.report.stats import (
     Estimate,
     aggregate_of,

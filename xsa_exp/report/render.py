@@ -7,8 +7,9 @@ from collections import defaultdict
 
 import numpy as np
 
+from xsa_exp import run_dir as rd
 from xsa_exp.report.compare import ArmResult, OptimizerInteraction, StabilityRow, TrendPoint, metric_names
-from xsa_exp.report.runs import Problem, Run, describe_scope, setting_name
+from xsa_exp.report.runs import Problem, Run, setting_name
 from xsa_exp.report.stats import RELATIVE_MIN_BASELINE, SPIKE_RISE, WARMUP_FRACTION, Estimate
 
 # The attention diagnostics the report tabulates and plots per layer (xsa_exp.eval.diagnostics has them all).
@@ -101,8 +102,8 @@ def final_table(depth: str, results: list[ArmResult]) -> list[str]:
 def coverage(depth: str, runs: list[Run], out: Numbers) -> list[str]:
     """"val/bpb over N of M tokens" for runs that did not cover the whole validation split: once when all runs
     of the depth share it, else per run; nothing when every run covers the whole split."""
-    partial = {run.label: describe_scope(run.val_scope) for run in sorted(runs, key=lambda r: r.label)
-               if describe_scope(run.val_scope)}
+    partial = {run.label: rd.describe_val_scope(run.val_scope) for run in sorted(runs, key=lambda r: r.label)
+               if rd.describe_val_scope(run.val_scope)}
     for run in runs:
         if run.label in partial:
             out.add(depth, run.arm.label, "val/bpb", f"val_tokens:{run.label}", run.val_scope["tokens"])

@@ -13,8 +13,8 @@ import pandas as pd
 import yaml
 
 from xsa_exp import run_dir as rd
+from xsa_exp.arm import Arm
 from xsa_exp.errors import UserError
-from xsa_exp.model.xsa import XSASettings
 from xsa_exp.report.sweep import expected_jobs
 
 HEADLINE = re.compile(r"(Chat)?CORE( \d+/\d+)?")  # summary.json names: CORE, CORE 18/22, ChatCORE, ChatCORE 3/5
@@ -26,58 +26,6 @@ class ReportError(UserError):
 
 class RunProblem(Exception):
     """Why a run directory cannot be read at all."""
-
-
-@dataclass(frozen=True)
-class Arm:
-    optim: str
-    alpha: float | None  # None: learnable α (run.json's alpha is then only its initial value)
-    layers: str  # "" when XSA is off
-    value_source: str  # "" when XSA is off
-    lr_scale: float = 1.0  # optim.lr_scale; runs before it existed trained at 1
-    alpha_init: float | None = None  # a learnable α's initial value (run.json's alpha); different inits: different arms
-
-    parametrization: str = "sigmoid"  # a learnable α's: sigmoid(θ) | tanh(θ)
-
-    @classmethod
-    def of(cls, run: dict, parametrization: str = "sigmoid") -> Arm:
-        """From run.json, and the run's xsa.parametrization (config.yaml)."""
-        lr_scale = float(run.get("lr_scale", 1.0))
-        if not XSASettings(alpha=float(run["alpha"]), learnable=bool(run["learnable"]),
-                           layers=list(run["xsa_layers"])).active:
-            return cls(run["optim"], 0.0, "", "", lr_scale)
-        layers = run["layers"]
-        if not isinstance(layers, str):  # a list of layer indices, or one index
-            layers = ",".join(map(str, layers if isinstance(layers, list) else [layers]))
-        if run["learnable"]:
-            return cls(run["optim"], None, layers, run["value_source"], lr_scale, float(run["alpha"]), parametrization)
-        return cls(run["optim"], float(run["alpha"]), layers, run["value_source"], lr_scale)
-
-    @property
-    def off(self) -> bool:
-        return self.layers == ""
-
-    @property
-    def xsa_label(self) -> str:
-        """The XSA part of the label: "no XSA", "α=1 · layers=all · value=mixed", "learnable α · ..."."""
-        if self.off:
-            return "no XSA"
-        form = "" if self.parametrization == "sigmoid" else f" = {self.parametrization}(θ)"
-        alpha = f"learnable α{form} (init {self.alpha_init:g})" if self.alpha is None else f"α={self.alpha:g}"
-        return f"{alpha} · layers={self.layers} · value={self.value_source}"
-
-    @property
-    def lr_label(self) -> str:
-        return "" if self.lr_scale == 1 else f" · lr×{self.lr_scale:g}"
-
-    @property
-    def label(self) -> str:
-        return f"{self.optim} · {self.xsa_label}{self.lr_label}"
-
-    @property
-    def xsa_key(self) -> tuple:
-        """What an arm is apart from its optimizer and learning rate scale."""
-        return self.alpha, self.alpha_init, self.parametrization, self.layers, self.value_source
 
 
 # Config keys whose values, where they differ between runs of one depth, make those runs different settings (e.g.
@@ -195,7 +143,7 @@ def load_run(path: Path, label: str) -> Run:
             raw = pd.DataFrame({"step": pd.Series(dtype=str)})
         status = rd.read_status(path)
         config = leaves(yaml.safe_load((path / rd.CONFIG).read_text()) or {})
-        arm = Arm.of(info, str(config.get("xsa.parametrization", "sigmoid")))
+        arm = Arm.of_run(info, str(config.get("xsa.parametrization", "sigmoid")))
         depth, seed = stage_depth(info), int(info["seed"])
     except (OSError, ValueError, yaml.YAMLError) as e:  # JSONDecodeError and pandas' parser errors are ValueErrors
         raise RunProblem(f"unreadable: {type(e).__name__}: {e}") from None
@@ -283,12 +231,3 @@ def last_alpha(path: Path) -> np.ndarray | None:
     """α per layer and head from the last diagnostics.jsonl line that has it (None without one)."""
     alphas = [record["alpha"] for record in rd.read_diagnostics(path) if "alpha" in record]
     return np.asarray(alphas[-1], dtype=float) if alphas else None
-
-
-def describe_scope(scope: dict | None) -> str:
-    """'' for the whole validation split (or unknown), else "over N of M tokens" / "over the first N tokens"."""
-    if not scope or scope.get("whole", True):
-        return ""
-    if scope.get("split_tokens") is None:
-        return f"over the first {scope['tokens']:,} tokens of the validation split"
-    return f"over {scope['tokens']:,} of {scope['split_tokens']:,} tokens"

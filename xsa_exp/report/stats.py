@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from xsa_exp import run_dir as rd
 from xsa_exp.report.runs import HEADLINE, Run
 
 CONFIDENCE = 0.95
@@ -133,8 +134,8 @@ def run_spikes(run: Run) -> int:
 # Per-example results of each aggregate: files, the tasks file's task column, and its baseline as a fraction
 # (CORE's tasks file keeps the bundle's percent).
 EXAMPLE_FILES = {
-    "CORE": ("core_examples.jsonl", "core_tasks.csv", "label", lambda row: float(row["random_baseline"]) / 100),
-    "ChatCORE": ("chatcore_examples.jsonl", "chatcore_tasks.csv", "task", lambda row: float(row["baseline"])),
+    "CORE": (rd.CORE_EXAMPLES, rd.CORE_TASKS, "label", lambda row: float(row["random_baseline"]) / 100),
+    "ChatCORE": (rd.CHATCORE_EXAMPLES, rd.CHATCORE_TASKS, "task", lambda row: float(row["baseline"])),
 }
 
 

@@ -6,25 +6,19 @@ No torch here: the report applies the same rule to a run's run.json.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from xsa_exp.errors import ConfigError
+from xsa_exp.schema import XSAConfig
 
 LAYER_SELECTIONS = "all, none, a list of layer indices, first:K, last:K, every:N, ve, non_ve"
 
 
-@dataclass(frozen=True)
-class XSASettings:
-    """What a model's XSA does: its strength (the fixed alpha, or the initial one of a learnable run), the
-    parametrization of a learnable alpha (sigmoid(theta) in (0, 1) | tanh(theta) in (-1, 1)), where v comes
-    from (mixed: after value-embedding mixing | plain: before), the layers it is selected for (resolved
-    indices) and the eps of its projection."""
-    alpha: float = 1.0
-    learnable: bool = False
-    parametrization: str = "sigmoid"
-    value_source: str = "mixed"
+@dataclass
+class XSASettings(XSAConfig):
+    """What a model's XSA does: the schema's `xsa` keys (xsa_exp/schema.py: each default and meaning, once), with
+    the layer selection resolved to the indices it runs in."""
     layers: list[int] = field(default_factory=list)
-    eps: float = 1e-6
 
     @classmethod
     def from_config(cls, xsa_cfg, n_layer: int, ve_layers: list[int]) -> XSASettings:
@@ -32,9 +26,8 @@ class XSASettings:
         spec = xsa_cfg.layers
         if not isinstance(spec, (str, int)):
             spec = list(spec)
-        return cls(alpha=float(xsa_cfg.alpha), learnable=bool(xsa_cfg.learnable),
-                   parametrization=str(xsa_cfg.parametrization), value_source=str(xsa_cfg.value_source),
-                   layers=resolve_layers(spec, n_layer, ve_layers), eps=float(xsa_cfg.eps))
+        settings = {f.name: xsa_cfg[f.name] for f in fields(cls) if f.name != "layers"}
+        return cls(**settings, layers=resolve_layers(spec, n_layer, ve_layers))
 
     def on(self, layer: int) -> bool:
         """Whether XSA runs in this layer: selected, and not a fixed alpha of 0. Where it does not run it is
