@@ -7,6 +7,14 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 REPO = Path(__file__).resolve().parents[1]
+
+# pytest-xdist runs one worker per core (pyproject's addopts): each computes on one thread, as do the runs it
+# starts (OMP_NUM_THREADS is torch's default thread count), so that workers do not oversubscribe the cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 CONF_DIR = REPO / "conf"
 
 # A model small enough to train a few steps in seconds; 2 micro-batches per update exercise accumulation.

@@ -15,29 +15,32 @@ from tests.test_resume import final_weights, rows
 from xsa_exp.cluster import available_cpus, cluster_plugins
 from xsa_exp.run_dir import read_status
 
-# The tiny preset at one thread: about 30 updates per 30 s attempt here, so 60 updates span at least one
-# signal and finish in two or three attempts.
-TASKS = {1: ["train.max_steps=60", "eval.every=30"],
+# The tiny preset at one thread: an attempt starts in about 8 s here and trains about an update a second until the
+# signal at 30 s, so 40 updates span at least one signal and finish in two attempts; one more process on the
+# machine (pytest-xdist's other worker) makes it three or four, within submitit's six.
+TASKS = {1: ["train.max_steps=40", "eval.every=20"],
          2: ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "train.device_batch_size=4",
-             "train.max_steps=80", "eval.every=40"]}
-COMMON = ["train.cpu_threads=1", "logger=csv", "eval.diag_every=20", "resume=auto"]
+             "train.max_steps=40", "eval.every=20"]}
+COMMON = ["train.cpu_threads=1", "logger=csv", "eval.diag_every=10", "resume=auto"]
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("submitit")  # one at a time: each attempt's progress depends on the machine's load
 @pytest.mark.parametrize("tasks", [1, 2])
 def test_time_limited_submitit_job_requeues_and_finishes_bit_identical(tmp_path, tasks):
     sweep = tmp_path / "sweep"
     args = [*TASKS[tasks], *COMMON]
-    # max_num_timeout: requeues allowed for time limits (the local executor's default is 3, and it starts at most
-    # 6 attempts), so a slow or busy machine needs more attempts, never a different result.
+    # First, so that it does not slow the job's attempts: the uninterrupted run.
+    reference = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'reference'}", *args],
+                               cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    # max_num_timeout: requeues allowed for time limits (the local executor's default is 3; it starts 6 attempts
+    # at most), so a slow or busy machine needs more attempts, never a different result.
     job = subprocess.Popen([sys.executable, "train.py", "-m", "hydra/launcher=submitit_local",
                             "hydra.launcher.timeout_min=1", "+hydra.launcher.max_num_timeout=5",
                             f"hydra.launcher.tasks_per_node={tasks}",
                             f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=job", *args],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    reference = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'reference'}", *args],
-                               cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert reference.returncode == 0, reference.stderr[-3000:]
     output = job.communicate(timeout=600)[0]
     assert job.returncode == 0, output[-3000:]
 

@@ -27,7 +27,7 @@ from xsa_exp.arm import Arm
 from xsa_exp.config_keys import allowed, bounds, check_schema, fmt, leaves, schema_meta, type_name, unknown_key_message
 from xsa_exp.errors import ConfigError, exit_on_user_error
 from xsa_exp.eval.bundle import require_bundle
-from xsa_exp.model.gpt import SMEAR_GATE_CHANNELS, value_embedding_layers
+from xsa_exp.model.layout import SMEAR_GATE_CHANNELS, value_embedding_layers
 from xsa_exp.model.xsa_settings import XSASettings
 
 SAMPLE_CORPUS_MAX_VOCAB = 21249

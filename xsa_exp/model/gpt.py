@@ -20,14 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from xsa_exp.model.layout import SMEAR_GATE_CHANNELS, value_embedding_layers
 from xsa_exp.model.xsa_op import exclusive_self_attention, initial_theta, learnable_alpha
 from xsa_exp.model.xsa_settings import XSASettings
 from xsa_exp.schema import ModelConfig
-
-
-def value_embedding_layers(n_layer: int, enabled: bool = True) -> list[int]:
-    """Alternating layers ending at the last one, or none when value embeddings are off."""
-    return [i for i in range(n_layer) if i % 2 == (n_layer - 1) % 2] if enabled else []
 
 
 @dataclass(frozen=True)
@@ -67,8 +63,6 @@ LM_HEAD_INIT_STD = 0.001
 # The smear gate starts slightly open, like the value-embedding gates of the April 2026 stack (nanochat's value
 # after 94b73ad, which leaves this weight uninitialised).
 SMEAR_GATE_INIT_MAX = 0.02
-# Input channels of the smear gate (nanochat's).
-SMEAR_GATE_CHANNELS = 24
 
 
 @dataclass
