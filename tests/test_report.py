@@ -25,7 +25,7 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
              evals: tuple[dict, ...] = (), tokens_per_step: int = 1000, stage: str = "base",
              lr_scale: float = 1.0, n_params: int = 1000, tokens_per_sec: float | None = None,
              losses: list[float] | None = None, val_scope: dict | None = None, status: dict | None = None,
-             config: str = "") -> Path:
+             parametrization: str = "sigmoid", config: str = "") -> Path:
     """A run directory as train.py (+ evaluate.py) leaves it: train rows every step, val at 0, half way and the
     end (ending at final_bpb), a diagnostics row at the end; `evals`: kwargs of make_eval; losses: train/loss per
     step (train/loss_smooth then follows them); config: more of config.yaml (YAML)."""
@@ -37,8 +37,8 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
     info = rd.run_info(run_dir=run, max_steps=steps, tokens_per_step=tokens_per_step, grad_accumulation=1,
                        precision="32-true", precision_reason="test", float32_matmul_precision="highest",
                        xsa_layers=xsa_layers, param_counts={"total": n_params}, flops_per_token=6 * n_params, arm=arm)
-    rd.write_run_files(run, f"depth_name: {depth}\nseed: {seed}\n"
-                            f"xsa:\n  alpha: {alpha}\n  layers: {layers}\n{config}", info)
+    rd.write_run_files(run, f"depth_name: {depth}\nseed: {seed}\nxsa:\n  alpha: {alpha}\n  layers: {layers}\n"
+                            f"  parametrization: {parametrization}\n{config}", info)
     if val_scope is not None:
         rd.update_run_info(run, val_scope=val_scope)
     if status is not None:

@@ -194,8 +194,8 @@ def test_a_setting_that_varies_within_a_depth_splits_it_and_gets_its_own_trend(t
 def test_learnable_arms_differ_by_parametrization(tmp_path):
     study = tmp_path / "study"
     make_run(study, "b", final_bpb=0.9)
-    make_run(study, "s", alpha=0.5, learnable=True, final_bpb=0.91, config="  parametrization: sigmoid\n")
-    make_run(study, "t", alpha=0.0, learnable=True, final_bpb=0.89, config="  parametrization: tanh\n")
+    make_run(study, "s", alpha=0.5, learnable=True, final_bpb=0.91, parametrization="sigmoid")
+    make_run(study, "t", alpha=0.0, learnable=True, final_bpb=0.89, parametrization="tanh")
     got = numbers(build_report([study], tmp_path / "out"))
     assert got["muon · learnable α (init 0.5) · layers=all · value=mixed", "val/bpb", "delta"] == pytest.approx(0.01)
     assert got["muon · learnable α = tanh(θ) (init 0) · layers=all · value=mixed", "val/bpb", "delta"] == \

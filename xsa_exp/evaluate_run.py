@@ -64,7 +64,7 @@ def evaluate(cfg: DictConfig) -> Path:
                               c.cache_dir, tokenizer_dir=run.run_dir / TOKENIZER)
         data.setup("validate")
     if "bpb" in metrics:
-        val_tokens = options.val_tokens or c.eval.get("val_tokens")
+        val_tokens = options.val_tokens or c.eval.val_tokens
         summary["metrics"]["val/bpb"] = evaluate_bpb(model, data.val_batches(val_tokens), data.token_bytes, autocast)
         summary["val_scope"] = data.val_scope(val_tokens)
     if "core" in metrics:
@@ -119,7 +119,7 @@ def chatcore(run: LoadedRun, cfg: DictConfig, bundle: Path, out_dir: Path) -> tu
     """ChatCORE (or "ChatCORE k/5") and per-task accuracies, and the sandbox mode HumanEval ran in (None
     without HumanEval); tasks without data are named, not fatal."""
     c = run.config
-    if c.get("stage_name", "base") != "sft":
+    if c.stage_name != "sft":
         print(f"note: {run.run_dir} is a {c.get('stage_name', 'base')} run; ChatCORE measures a chat (stage=sft) model")
     tool_use = cfg.tool_use if cfg.tool_use is not None else bool(c.data.get("gsm8k_tool_calls", False))
     result = evaluate_chat(run.model, run.tokenizer, bundle, cfg.mmlu, cfg.max_per_task, cfg.max_new_tokens, tool_use,

@@ -69,7 +69,7 @@ class Run:
 
     @property
     def max_steps(self) -> int:
-        return int(self.info.get("max_steps") or self.steps)
+        return int(self.info["max_steps"])
 
     def rows(self, column: str) -> pd.DataFrame:
         """The rows of metrics.csv that logged `column` (each row holds one logger call's keys)."""
@@ -143,7 +143,7 @@ def load_run(path: Path, label: str) -> Run:
             raw = pd.DataFrame({"step": pd.Series(dtype=str)})
         status = rd.read_status(path)
         config = leaves(yaml.safe_load((path / rd.CONFIG).read_text()) or {})
-        arm = Arm.of_run(info, str(config.get("xsa.parametrization", "sigmoid")))
+        arm = Arm.of_run(info, str(config["xsa.parametrization"]))
         depth, seed = stage_depth(info), int(info["seed"])
     except (OSError, ValueError, yaml.YAMLError) as e:  # JSONDecodeError and pandas' parser errors are ValueErrors
         raise RunProblem(f"unreadable: {type(e).__name__}: {e}") from None
@@ -154,7 +154,7 @@ def load_run(path: Path, label: str) -> Run:
     complete = (path / rd.METRICS).is_file() and rd.final_checkpoint(path).is_file()
     if complete and raw.empty:
         raise RunProblem("metrics.csv has no rows")
-    n_params = int(info.get("param_counts", {}).get("total", 0))
+    n_params = int(info["param_counts"]["total"])
     run = Run(path, label, depth, arm, seed, n_params, raw.apply(pd.to_numeric, errors="coerce"), raw != "",
               info=info, complete=complete, status=status, config=config)
     add_final_values(run)
@@ -204,7 +204,7 @@ def incomplete_reason(run: Run) -> str:
 def stage_depth(info: dict) -> str:
     """SFT runs are their own section ("d24 · SFT"): their val/bpb is over assistant tokens, and they
     compare with the SFT runs of the baseline arm, not with base runs."""
-    return info["depth"] + (" · SFT" if info.get("stage", "base") == "sft" else "")
+    return info["depth"] + (" · SFT" if info["stage"] == "sft" else "")
 
 
 def add_final_values(run: Run) -> None:
