@@ -5,7 +5,9 @@
 Builds the preset's GPT and its param groups as training does, then times `--steps` optimizer steps after
 `--warmup` and prints the median, the Muon and AdamW groups' shares (timed separately), the parameter counts and
 the number of torch operators one step dispatches (each one a kernel launch on a GPU, where a step of small
-kernels is bound by their count rather than by arithmetic).
+kernels is bound by their count rather than by arithmetic). With --newton-schulz it also times the Newton-Schulz
+iterations alone over the Muon matrices (`orthogonalize`, as the step calls it) and their arithmetic rate: the
+floor under the Muon group's time on this machine.
 It only uses the API that the optimizer has had from the start (MuonAdamW, build_param_groups), so the same
 script times an older checkout: `PYTHONPATH=<old checkout> python bench/optimizer_step.py ...`.
 """
@@ -33,6 +35,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--adamw-fused", choices=("true", "false"), default=None,
                         help="override the preset's optim.adamw.fused (ignored by a checkout without it)")
+    parser.add_argument("--newton-schulz", action="store_true", help="also time orthogonalize alone (its floor)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     conf = Path(xsa_exp.__file__).resolve().parents[1] / "conf"
@@ -74,9 +77,34 @@ def main() -> None:
     print(f"xsa_exp from {Path(xsa_exp.__file__).parent}; depth={args.depth}, threads={args.threads}, "
           f"adamw fused={fused}; Muon {counts['muon']:,} and AdamW {counts['adamw']:,} parameters; "
           f"{operators:,} operators per step")
+    if args.newton_schulz:
+        timings["newton-schulz"], tflop = newton_schulz_times(groups, args.warmup, args.steps)
     for key, values in timings.items():
         print(f"{key:>6}: median {statistics.median(values):.3f} s over {len(values)} "
               f"(min {min(values):.3f}, max {max(values):.3f})")
+    if args.newton_schulz:
+        print(f"newton-schulz: {tflop:.3f} TFLOP per step, "
+              f"{tflop / statistics.median(timings['newton-schulz']):.2f} TFLOP/s")
+
+
+def newton_schulz_times(groups: list[dict], warmup: int, steps: int) -> tuple[list[float], float]:
+    """Seconds of orthogonalize over every Muon matrix per step, and its TFLOP per step (per iteration of an m x n
+    matrix, m <= n: the gram 2m^2n, its square 2m^3, the product with x 2m^2n)."""
+    from xsa_exp.optim.muon_adamw import orthogonalize
+
+    muon = [g for g in groups if g["algorithm"] == "muon"]
+    matrices = [torch.randn_like(p) for g in muon for p in g["params"]]
+    g0 = muon[0]
+    dtype = getattr(torch, g0.get("ns_dtype", "bfloat16"))
+    times = []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        for m in matrices:
+            orthogonalize(m, g0["ns_steps"], g0["ns_coefficients"], dtype)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    flop = sum(g0["ns_steps"] * (4 * min(m.shape) ** 2 * max(m.shape) + 2 * min(m.shape) ** 3) for m in matrices)
+    return times, flop / 1e12
 
 
 if __name__ == "__main__":
