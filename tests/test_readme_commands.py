@@ -1,8 +1,8 @@
 """Every `python train.py` and `python evaluate.py` command in the code blocks of the README and of the study's
-results (docs/results/README.md) composes and passes the preflight (every key, value and sweep job checked, data
-files included), with local stand-ins for what a user's machine has: a ClimbMix mirror (empty shard files under the
-real names), a folder of jsonl files, a finished base run for the SFT commands. So a documented command cannot
-drift from the configs."""
+results (docs/results/README.md), and in the experiment presets' comments, composes and passes the preflight
+(every key, value and sweep job checked, data files included), with local stand-ins for what a user's machine
+has: a ClimbMix mirror (empty shard files under the real names), a folder of jsonl files, a finished base run for
+the SFT commands. So a documented command cannot drift from the configs."""
 
 import os
 import re
@@ -22,13 +22,17 @@ COMMAND = re.compile(r"python (train|evaluate)\.py((?:[^;#`]|#(?=\S))*)")
 
 
 def readme_commands() -> list[tuple[str, str]]:
-    """(entry point, argument string) of each command, continuation lines joined, comments dropped."""
+    """(entry point, argument string) of each command, continuation lines joined, comments dropped: the code
+    blocks of the two READMEs, and the commands in the experiment presets' comments ("#   python ...")."""
     text = (REPO / "README.md").read_text() + (REPO / "docs" / "results" / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    for preset in sorted((CONF_DIR / "experiment").glob("*.yaml")):
+        blocks.append("\n".join(line[4:] for line in preset.read_text().splitlines() if line.startswith("#   ")))
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+    for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
-            commands += [(m.group(1), m.group(2).strip()) for m in COMMAND.finditer(line.split("  #")[0])]
-    return commands
+            commands += [(m.group(1), " ".join(m.group(2).split())) for m in COMMAND.finditer(line.split("  #")[0])]
+    return list(dict.fromkeys(commands))  # a preset and the docs may show the same command
 
 
 COMMANDS = readme_commands()
