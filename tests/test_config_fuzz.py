@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, REPO, compose_config
 from xsa_exp.config import SAMPLE_CORPUS_MAX_VOCAB, ConfigError, check_overrides, preflight
-from xsa_exp.config_keys import README_BEGIN, README_END, Leaf, _optional, leaves, markdown
+from xsa_exp.config_keys import KEYS_BEGIN, KEYS_END, Leaf, _optional, leaves, markdown
 
 FIXTURES = REPO / "tests" / "fixtures" / "chat"
 
@@ -158,10 +158,10 @@ def test_sample_corpus_vocab_cap_is_what_bpe_learns_from_it():
             == SAMPLE_CORPUS_MAX_VOCAB)
 
 
-def test_readme_configuration_lists_the_schema_keys():
-    readme = (REPO / "README.md").read_text()
-    documented = readme[readme.index(README_BEGIN):readme.index(README_END) + len(README_END)] + "\n"
-    assert documented == markdown(CONF_DIR), "README keys are stale: python -m xsa_exp.config --markdown"
+def test_docs_configuration_lists_the_schema_keys():
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    documented = doc[doc.index(KEYS_BEGIN):doc.index(KEYS_END) + len(KEYS_END)] + "\n"
+    assert documented == markdown(CONF_DIR), "docs/configuration.md is stale: python -m xsa_exp.config --markdown"
 
 
 @pytest.mark.parametrize("script, args, message", [

@@ -7,7 +7,7 @@ what a type cannot say (divisibility, layer specs, batch arithmetic, combination
 composes each run of a command line (each job of a sweep) and runs them, once, before Hydra starts.
 Each problem is one line that names the key, what was given and what is allowed, with exit status 2.
 
-`python -m xsa_exp.config --markdown` prints the README's table of keys from the schema (config_keys.markdown).
+`python -m xsa_exp.config --markdown` prints docs/configuration.md's table of keys (config_keys.markdown).
 """
 
 from __future__ import annotations
@@ -413,4 +413,4 @@ if __name__ == "__main__":
 
         sys.stdout.write(markdown(Path(__file__).resolve().parents[1] / "conf"))
     else:
-        sys.exit("usage: python -m xsa_exp.config --markdown   (the README's table of configuration keys)")
+        sys.exit("usage: python -m xsa_exp.config --markdown   (docs/configuration.md's table of keys)")

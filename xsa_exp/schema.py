@@ -7,7 +7,7 @@ rejects a key that does not exist and a value of the wrong type (`model.qk_norm=
 `eval.every=abc`) before anything runs.
 
 What a type cannot say lives in each field's metadata, read by xsa_exp.config_keys.check_schema() and by
-the README's "Configuration" table (`python -m xsa_exp.config --markdown`):
+docs/configuration.md's table of keys (`python -m xsa_exp.config --markdown`):
   help     what the key does (one line)
   choices  the allowed values of a string key
   ge/gt/le/lt  bounds of a number (None, where the key is Optional, is always allowed)
