@@ -194,7 +194,7 @@ def doc_default(leaf: Leaf) -> str:
 
 
 def markdown(conf_dir: Path) -> str:
-    """The README's list of keys: every leaf of the schema with its type, default, allowed values and use."""
+    """docs/configuration.md's list of keys: every leaf of the schema with its type, default, allowed values and use."""
     from hydra import compose, initialize_config_dir
 
     out, seen = [KEYS_BEGIN], set()
