@@ -447,3 +447,11 @@ def test_attention_diagnostics_are_tabulated_per_layer_as_the_mean_over_seeds(tm
             assert got[arm, f"diag/attn_self_cos/L{layer}", "last_mean"] == pytest.approx(0.1 * (layer + 1) + alpha)
         assert got[arm, "diag/diag_attn", "last_mean"] == pytest.approx(0.15 + alpha)
     assert "0.100 / 0.200 (mean 0.150)" in table_row(report.read_text().split("### Attention diagnostics\n")[1], BASE)
+
+
+def test_plot_file_names_stay_short_and_distinct_for_long_setting_labels():
+    from xsa_exp.report.render import slug
+
+    long_a, long_b = "tiny · " + "backout=False · " * 20 + "a", "tiny · " + "backout=False · " * 20 + "b"
+    assert slug("tiny · sequence_len=512") == "tiny_sequence_len_512"
+    assert len(slug(long_a)) == 80 and slug(long_a) != slug(long_b)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import defaultdict
 
@@ -30,7 +31,10 @@ class Numbers(list):
 
 
 def slug(text: str) -> str:
-    return re.sub(r"[^\w.-]+", "_", text)
+    """A file name part: the text's word characters, cut to 80 with a hash of the whole when longer (a setting
+    label of many keys would pass a file system's 255 bytes)."""
+    name = re.sub(r"[^\w.-]+", "_", text)
+    return name if len(name) <= 80 else f"{name[:71]}_{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
 def num(x: float, digits: int = 4, sign: bool = False) -> str:
