@@ -71,7 +71,8 @@ def evaluate(cfg: DictConfig) -> Path:
         name, value, summary["core"] = core(model, run, bundle, options.core_max_per_task, out_dir)
         summary["metrics"][name] = value
     if "diagnostics" in metrics:
-        summary["metrics"].update(diagnostics(model, data, options.diag_rows or c.eval.diag_rows, autocast, out_dir))
+        summary["metrics"].update(diagnostics(model, data.diagnostics_inputs(options.diag_rows or c.eval.diag_rows)
+                                                .to(device), autocast, out_dir))
     if "chatcore" in metrics:
         chat_metrics, sandbox = chatcore(run, options.chatcore, bundle, out_dir)
         summary["metrics"].update(chat_metrics)
@@ -96,9 +97,9 @@ def core(model, run: LoadedRun, bundle: Path, max_per_task: int | None, out_dir:
                                       "bundle": str(bundle)}
 
 
-def diagnostics(model, data: TextDataModule, rows: int, autocast, out_dir: Path) -> dict[str, float]:
+def diagnostics(model, inputs: torch.Tensor, autocast, out_dir: Path) -> dict[str, float]:
     """The attention diagnostics' means for summary.json; per layer and head to a file."""
-    diag = attention_diagnostics(model, data.diagnostics_inputs(rows).to(next(model.parameters()).device), autocast)
+    diag = attention_diagnostics(model, inputs, autocast)
     n_layer, n_head = diag[DIAGNOSTICS[0]].shape
     write_csv(out_dir / rd.EVAL_DIAGNOSTICS,
               [{"layer": layer, "head": head, **{m: diag[m][layer, head].item() for m in DIAGNOSTICS}}
