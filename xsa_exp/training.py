@@ -145,7 +145,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     base = load_base_run(cfg, model)
     datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size, cfg.train.device_batch_size,
                                 cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER)
-    run = describe_run(cfg, run_dir, model, resolve_max_steps(cfg.train, model, datamodule), base)
+    arm = Arm.run_keys_of(cfg)
+    run = describe_run(cfg, run_dir, model, resolve_max_steps(cfg.train, model, datamodule), base, arm)
     print_start(model, cfg, run)
     if accelerator_is_cuda(cfg.trainer):
         warn_if_it_will_not_fit(model, cfg)
@@ -157,7 +158,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
 
     module = LanguageModel(model, cfg.optim, run["max_steps"], OmegaConf.to_container(cfg, resolve=True),
                            cfg.train.skip_nonfinite_steps, compile_forward=cfg.train.compile)
-    loggers = build_loggers(cfg, run_dir, Arm.run_keys_of(cfg))
+    loggers = build_loggers(cfg, run_dir, arm)
     callbacks = build_callbacks(cfg, run_dir, model)
     trainer = build_trainer(cfg, run, loggers, callbacks)
     if resume_from is not None:
@@ -193,7 +194,8 @@ def previous_attempt(cfg: DictConfig, run_dir: Path) -> tuple[bool, str | None]:
     return False, rd.newest_checkpoint(run_dir)
 
 
-def describe_run(cfg: DictConfig, run_dir: Path, model: GPT, max_steps: int, base: LoadedRun | None) -> dict:
+def describe_run(cfg: DictConfig, run_dir: Path, model: GPT, max_steps: int, base: LoadedRun | None,
+                 arm: dict) -> dict:
     """run.json's content: the arm, the schedule, the precision (resolved here) and the model's counts."""
     precision, precision_reason = resolve_precision(cfg.trainer, cfg.model.n_embd)
     if accelerator_is_cuda(cfg.trainer):
@@ -202,7 +204,7 @@ def describe_run(cfg: DictConfig, run_dir: Path, model: GPT, max_steps: int, bas
                        grad_accumulation=grad_accumulation(cfg), precision=precision, precision_reason=precision_reason,
                        float32_matmul_precision=torch.get_float32_matmul_precision(),
                        xsa_layers=model.config.xsa.layers, param_counts=model.param_counts(),
-                       flops_per_token=model.flops_per_token(), arm=Arm.run_keys_of(cfg),
+                       flops_per_token=model.flops_per_token(), arm=arm,
                        init_from=base and {"run": str(base.run_dir), "checkpoint": str(base.checkpoint),
                                            "step": base.step})
 
