@@ -96,6 +96,7 @@ def run_train(*args, tmp_path):
     (["-m", "xsa=full,half"], "config error: xsa=half is not an option; allowed: full, learnable, off"),
     (["-m", "trainer=cpu", "trainer.devices=2", "seed=1,2"],
      "config error: multi-device training inside a local Hydra sweep"),
+    (["-m", "hydra.sweep.dir=a,b"], "config error: hydra.sweep.dir=a,b: Hydra's own settings cannot be swept"),
 ])
 def test_bad_config_exits_before_creating_a_run_directory(args, message, tmp_path):
     result, run_dir = run_train(*args, tmp_path=tmp_path)
@@ -103,6 +104,27 @@ def test_bad_config_exits_before_creating_a_run_directory(args, message, tmp_pat
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), result.stderr
     assert not run_dir.exists()
+
+
+def test_the_preflight_reads_every_flag_hydra_has():
+    """The preflight parses the command line with Hydra's flags (its parser is not public API): every flag
+    `--hydra-help` lists must be known to it, with the same short forms."""
+    import re
+
+    from xsa_exp.config import hydra_command_line
+
+    help_text = subprocess.run([sys.executable, "train.py", "--hydra-help"], cwd=REPO, capture_output=True, text=True,
+                               check=True).stdout
+    listed = {flag for line in re.findall(r"^(-[-\w,]+) : ", help_text, re.M) for flag in line.split(",")}
+    assert "--multirun" in listed and "-cn" in listed
+    for flag in listed:
+        value = [] if flag in ("--help", "-h", "--hydra-help", "--version", "--resolve", "--run", "-r", "--multirun",
+                               "-m", "--shell-completion", "-sc", "--info", "-i") else ["x"]
+        if flag in ("--cfg", "-c"):
+            value = ["job"]
+        hydra_command_line([flag, *value, "seed=2"])  # argparse exits on an unknown flag
+    args = hydra_command_line(["-m", "-cn", "evaluate", "xsa.alpha=0,1", "seed=3"])
+    assert args.multirun and args.config_name == "evaluate" and args.overrides == ["xsa.alpha=0,1", "seed=3"]
 
 
 def test_slurm_launcher_composes_with_one_task_per_gpu():

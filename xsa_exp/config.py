@@ -12,6 +12,7 @@ Each problem is one line that names the key, what was given and what is allowed,
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import itertools
 import re
@@ -230,32 +231,37 @@ def check_group_options(argv: list[str], conf_dir: Path) -> None:
 # ---------------------------------------------------------------- the command line, before Hydra starts
 
 def compose_runs(config_name: str, overrides: list[str], conf_dir: Path, multirun: bool) -> list[DictConfig]:
-    """The config of each run a command line starts: one, or one per job of a sweep (BasicSweeper's
-    expansion of the command line and hydra.sweeper.params), with the hydra node. Raises ConfigError."""
+    """The config of each run a command line starts: one, or one per job of a sweep (the basic sweeper's
+    expansion of hydra.sweeper.params and the command line), with the hydra node. Raises ConfigError."""
+    from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
-    from hydra.types import RunMode
+
+    def compose(args: list[str]) -> DictConfig:
+        try:
+            return hydra_compose(config_name, args, return_hydra_config=True)
+        except (HydraException, OmegaConfBaseException) as e:
+            raise ConfigError(composition_error(e, args, compose)) from None
 
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        gh = GlobalHydra.instance().hydra
-
-        def compose(args: list[str], mode=RunMode.RUN) -> DictConfig:
-            try:
-                return gh.compose_config(config_name, args, run_mode=mode, from_shell=True,
-                                         with_log_configuration=False)
-            except (HydraException, OmegaConfBaseException) as e:
-                raise ConfigError(composition_error(e, args, lambda rest: compose(rest, mode))) from None
-
         if not multirun:
             return [compose(overrides)]
-        base = compose(overrides, RunMode.MULTIRUN)
+        parser = OverridesParser.create()
+        try:
+            parsed = parser.parse_overrides(overrides)
+        except HydraException as e:
+            raise ConfigError(first_line(e)) from None
+        swept_hydra_key = next((o.input_line for o in parsed if o.is_sweep_override() and o.is_hydra_override()), None)
+        if swept_hydra_key:
+            raise ConfigError(f"{swept_hydra_key}: Hydra's own settings cannot be swept; run one sweep per value")
+        # A sweep's base config, as Hydra composes it before sweeping: the sweep overrides left out.
+        base = compose([o.input_line for o in parsed if not o.is_sweep_override()])
         if not base.hydra.sweeper._target_.endswith("BasicSweeper"):
             return [base]
         params = [f"{k}={v}" for k, v in (base.hydra.sweeper.params or {}).items()]
         try:
-            parsed = OverridesParser.create(config_loader=gh.config_loader).parse_overrides(params + overrides)
+            parsed = parser.parse_overrides(params) + parsed
         except HydraException as e:
             raise ConfigError(first_line(e)) from None
         return [compose(job) for job in sweep_jobs(parsed)]
@@ -324,21 +330,32 @@ def first_line(error: Exception) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+def hydra_command_line(argv: list[str]) -> argparse.Namespace:
+    """The command line as @hydra.main reads it: Hydra 1.3's flags (hydra-core is pinned below 1.4, and a test
+    checks these against `--hydra-help`), because Hydra's own parser is not public API."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("overrides", nargs="*")
+    for flags in (["--help", "-h"], ["--hydra-help"], ["--version"], ["--resolve"], ["--run", "-r"],
+                  ["--multirun", "-m"], ["--shell-completion", "-sc"]):
+        parser.add_argument(*flags, action="store_true")
+    for flags in (["--cfg", "-c"], ["--package", "-p"], ["--config-path", "-cp"], ["--config-name", "-cn"],
+                  ["--config-dir", "-cd"], ["--experimental-rerun"]):
+        parser.add_argument(*flags)
+    parser.add_argument("--info", "-i", nargs="?", const="all")
+    return parser.parse_args(argv)
+
+
 def preflight(config_name: str, argv: list[str], conf_dir: Path) -> list[DictConfig]:
     """Every check of a command line, before Hydra creates anything: group options, composition (unknown
     keys, wrong types) and validation of each run, each sweep job included. Raises ConfigError.
 
     Returns the composed configs ([] for Hydra's own informational flags, which start no run)."""
-    # Hydra's own command-line parser (the flags of @hydra.main): Hydra has no public one, and a copy of its
-    # flags here would drift from the installed Hydra's.
-    from hydra._internal.utils import get_args_parser
-
-    args = get_args_parser().parse_args(argv)
-    if args.help or args.hydra_help or args.info or args.shell_completion or args.config_dir or args.config_path \
-            or args.experimental_rerun:
+    args = hydra_command_line(argv)
+    if args.help or args.hydra_help or args.version or args.info or args.shell_completion or args.config_dir \
+            or args.config_path or args.experimental_rerun:
         return []
     check_group_options(args.overrides, conf_dir)
-    runs = compose_runs(args.config_name or config_name, args.overrides, conf_dir, bool(args.multirun))
+    runs = compose_runs(args.config_name or config_name, args.overrides, conf_dir, args.multirun)
     if config_name == "train" and args.multirun:
         # Lightning's DDP re-launches the script once per device, which a local Hydra sweep cannot host.
         in_process = ("BasicLauncher", "JoblibLauncher")  # jobs run in this process or a joblib worker
@@ -352,27 +369,6 @@ def preflight(config_name: str, argv: list[str], conf_dir: Path) -> list[DictCon
     for cfg in runs:
         (validate if config_name == "train" else validate_evaluate)(cfg)
     return runs
-
-
-def check_overrides(config_name: str, base: DictConfig, overrides: list[str]) -> DictConfig:
-    """What preflight() does for `key=value` overrides, applied to a config already composed (as Hydra
-    applies them after composing the groups) and then validated; ConfigError on the first problem.
-    The same code path without recomposing the groups each time, for checks of many values (tests)."""
-    import copy
-
-    # How Hydra applies `key=value` overrides after composing the groups: no public API applies parsed overrides
-    # to a composed config, and OmegaConf's own updates word their errors (and treat +/~ keys) differently.
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    cfg = copy.deepcopy(base)
-    try:
-        ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides(overrides), cfg)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(composition_error(e, overrides, lambda rest: base)) from None
-    (validate if config_name == "train" else validate_evaluate)(cfg)
-    return cfg
 
 
 def check_submitit_job(cfg: DictConfig) -> None:

@@ -27,7 +27,7 @@ from xsa_exp.callbacks import (
     ValidationBPB,
 )
 from xsa_exp.cluster import cluster_plugins, device_peak_flops, export_submitit_local_ranks
-from xsa_exp.config import ConfigError, grad_accumulation, validate, world_size
+from xsa_exp.config import ConfigError, grad_accumulation, world_size
 from xsa_exp.console import quiet_libraries, quiet_wandb_logger, wandb_offline
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.eval.bundle import require_bundle
@@ -128,9 +128,9 @@ def print_start(model: GPT, cfg: DictConfig, run: dict) -> None:
 
 
 def train(cfg: DictConfig, run_dir: Path) -> Path:
-    """Train one model as configured; returns the run directory."""
+    """Train one model as configured; returns the run directory. The config is taken as checked: train.py's
+    preflight validates every run of a command line, each sweep job included, before Hydra starts any."""
     quiet_libraries()
-    validate(cfg)
     export_submitit_local_ranks()
     run_dir = Path(run_dir).resolve()
     check_writable(run_dir)
