@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+import yaml
 
 from tests.test_report import XSA, is_png, make_eval, make_run, numbers, table_row
 from xsa_exp import run_dir as rd
@@ -19,7 +20,15 @@ T2, T3 = 12.7062047, 4.30265273  # t quantiles 0.975 with 1 and 2 degrees of fre
 
 def csv_rows(report):
     with open(report.parent / "numbers.csv", newline="") as f:
-        return {(r["depth"], r["arm"], r["metric"], r["statistic"]): float(r["value"]) for r in csv.DictReader(f)}
+        return {(r["depth"], r["arm"], r["metric"], r["statistic"]): number(r["value"]) for r in csv.DictReader(f)}
+
+
+def number(value: str) -> float | str:
+    """A numbers.csv value: a number, or a setting's value that is not one (False, SSSL, wiki)."""
+    try:
+        return float(value)
+    except ValueError:
+        return value
 
 
 def test_relative_change_rule():
@@ -189,6 +198,44 @@ def test_a_setting_that_varies_within_a_depth_splits_it_and_gets_its_own_trend(t
     assert "## Δ val/bpb vs sequence_len (`model.sequence_len`)" in text
     assert f"| {XSA} · d12 | 1024 | 1,000 | −0.0030 |" in text and "Scale" not in text
     assert is_png(report.parent / "plots" / "trend_sequence_len.png")
+
+
+def test_an_ablation_names_only_what_each_setting_changes_and_compares_it_with_the_reference(tmp_path):
+    """From a reference recipe, settings that each change one or several keys (an optimizer key among them, whose
+    last name collides with another's): the labels name only the changed keys, the settings table gives each Δ and
+    its per-seed difference from the reference's Δ, and only a key changed alone gets a Δ-vs-key trend."""
+    study = tmp_path / "study"
+
+    def recipe(window_pattern="SSSL", smear=True, embedding_lr=0.3, embedding_betas=(0.8, 0.995)) -> str:
+        return yaml.safe_dump({"model": {"window_pattern": window_pattern, "smear": smear},
+                               "optim": {"lr": {"embedding": embedding_lr},
+                                         "adamw": {"role_betas": {"embedding": list(embedding_betas)}}}})
+
+    changes = {"reference": (recipe(), [-0.010, -0.012, -0.008]),
+               "windows": (recipe(window_pattern="L"), [0.004, 0.002, 0.006]),
+               "smear": (recipe(smear=False), [-0.011, -0.013, -0.009]),
+               "lrs": (recipe(embedding_lr=0.2, embedding_betas=(0.8, 0.95)), [-0.020, -0.022, -0.018])}
+    for name, (config, diffs) in changes.items():
+        for seed, diff in enumerate(diffs, 1):
+            make_run(study, f"{name}-b{seed}", seed=seed, final_bpb=0.9 + seed / 100, config=config)
+            make_run(study, f"{name}-x{seed}", alpha=1.0, seed=seed, final_bpb=0.9 + seed / 100 + diff, config=config)
+    report = build_report([study], tmp_path / "out")
+    text = report.read_text()
+    sections = [line for line in text.splitlines() if line.startswith("## Depth")]
+    lrs = "d12 · role_betas.embedding=[0.8, 0.95] · lr.embedding=0.2"  # each key named as far as it is unique
+    assert sorted(sections) == sorted(["## Depth `d12`", "## Depth `d12 · window_pattern=L`",
+                                       "## Depth `d12 · smear=False`", f"## Depth `{lrs}`"])
+    got = csv_rows(report)
+    assert got["d12 · window_pattern=L", XSA, "val/bpb", "paired_delta"] == pytest.approx(0.004)
+    versus = got["d12 · window_pattern=L", XSA, "val/bpb", "delta_vs_reference_setting"]
+    assert versus == pytest.approx(0.014)  # per seed 0.014, 0.014, 0.014
+    assert got[lrs, XSA, "val/bpb", "delta_vs_reference_setting"] == pytest.approx(-0.010)
+    assert ("d12", XSA, "val/bpb", "delta_vs_reference_setting") not in got  # the reference itself
+    assert "## Settings of `d12` side by side" in text
+    assert f"| {XSA} | (reference) | −0.0100 |" in text and f"| {XSA} | window_pattern=L | +0.0040 |" in text
+    trends = [line for line in text.splitlines() if line.startswith("## Δ val/bpb vs")]
+    assert trends == ["## Δ val/bpb vs smear (`model.smear`)",
+                      "## Δ val/bpb vs window_pattern (`model.window_pattern`)"]
 
 
 def test_learnable_arms_differ_by_parametrization(tmp_path):

@@ -19,7 +19,6 @@ from xsa_exp.report.runs import (
     discover,
     incomplete_reason,
     load_run,
-    setting_name,
 )
 from xsa_exp.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 
@@ -130,11 +129,14 @@ def trend_sections(results: list[cmp.ArmResult], plots_dir: Path, out: render.Nu
         plots.plot_trend(points, plots_dir / "scale.png", "total parameters",
                          "Δ val bpb (XSA − baseline) vs model size")
     text = render.scale_section(points, "scale.png" if points else None, out)
+    for rows in cmp.setting_rows(results).values():
+        text += render.settings_table(rows, out)
+    names = {key: name for r in results for key, name in r.runs[0].setting_names.items()}
     for key, points in cmp.setting_trends(results).items():
-        name = setting_name(key)
+        name = names[key]
         plots.plot_trend(points, plots_dir / f"trend_{render.slug(name)}.png", name,
                          f"Δ val bpb (XSA − baseline) vs {name}")
-        text += render.setting_section(key, points, f"trend_{render.slug(name)}.png", out)
+        text += render.setting_section(key, name, points, f"trend_{render.slug(name)}.png", out)
     return text
 
 

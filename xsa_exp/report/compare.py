@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from xsa_exp.arm import Arm
-from xsa_exp.report.runs import Run, setting_name
+from xsa_exp.report.runs import Run
 from xsa_exp.report.stats import (
     Estimate,
     aggregate_of,
@@ -216,6 +216,45 @@ def stability(all_runs: list[Run], results: list[ArmResult]) -> dict[str, list[S
 
 
 # -----------------------------------------------------------------------------
+# Settings of one depth side by side
+
+
+@dataclass
+class SettingRow:
+    """One XSA arm's paired Δ val/bpb at one setting of a depth, and how it differs from the Δ at the reference
+    setting (the one whose every value is the common one, when there is such a setting): per seed, Δ here − Δ
+    there, mean ± t-interval over the seeds both have."""
+
+    base_depth: str
+    setting: str  # the depth label's settings part ("" for the reference)
+    arm: Arm
+    delta: Estimate
+    versus_reference: Estimate | None
+
+
+def setting_rows(results: list[ArmResult]) -> dict[str, list[SettingRow]]:
+    """base depth -> one row per setting and XSA arm, for the depths run at more than one setting."""
+    out = {}
+    by_base = defaultdict(list)
+    for r in results:
+        if r.baseline is not None and "val/bpb" in r.paired and not r.depth.endswith(" · SFT"):
+            by_base[r.runs[0].base_depth].append(r)
+    for base, at_base in by_base.items():
+        if len({r.depth for r in at_base}) < 2:
+            continue
+        reference = {r.arm: r for r in at_base if r.depth == base}  # every setting at its common value
+        rows = []
+        for r in at_base:
+            ref = reference.get(r.arm)
+            versus = None if ref is None or ref is r else interaction(
+                seed_differences(r.runs, r.baseline.runs, "val/bpb"),
+                seed_differences(ref.runs, ref.baseline.runs, "val/bpb"))
+            rows.append(SettingRow(base, r.depth[len(base) + 3:], r.arm, r.paired["val/bpb"], versus))
+        out[base] = sorted(rows, key=lambda row: (row.arm.label, row.setting != "", row.delta.value))
+    return out
+
+
+# -----------------------------------------------------------------------------
 # Scale: Δ val/bpb against model size
 
 
@@ -244,14 +283,24 @@ def scale_trend(results: list[ArmResult]) -> list[TrendPoint]:
 
 
 def setting_trends(results: list[ArmResult]) -> dict[str, list[TrendPoint]]:
-    """Setting key -> paired Δ val/bpb of each XSA arm at each of its values (the other settings name the line)."""
+    """Setting key -> paired Δ val/bpb of each XSA arm at each of its values. A line holds the settings that differ
+    in this key alone (the arm, and the other settings its label names, are the line's name); a line of one point
+    is left out, and a key without a line of two."""
     trends = defaultdict(list)
     for r in results:
         if "val/bpb" not in r.paired:
             continue
-        settings = r.runs[0].settings
-        for key, value in settings.items():
-            others = [f"{setting_name(k)}={v}" for k, v in settings.items() if k != key]
-            series = " · ".join([r.arm.label, r.runs[0].base_depth, *others])
+        run = r.runs[0]
+        for key, value in run.settings.items():
+            others = [f"{run.setting_names[k]}={v}" for k, v in run.shown.items() if k != key]
+            series = " · ".join([r.arm.label, run.base_depth, *others])
             trends[key].append(TrendPoint(r.depth, value, r.arm, series, r.paired["val/bpb"], r.n_params))
-    return {key: sorted(points, key=lambda p: (p.series, sortable(p.x))) for key, points in trends.items()}
+    out = {}
+    for key, points in trends.items():
+        per_series = defaultdict(set)
+        for p in points:
+            per_series[p.series].add(repr(p.x))
+        points = [p for p in points if len(per_series[p.series]) > 1]
+        if points:
+            out[key] = sorted(points, key=lambda p: (p.series, sortable(p.x)))
+    return out

@@ -9,8 +9,8 @@ from collections import defaultdict
 import numpy as np
 
 from xsa_exp import run_dir as rd
-from xsa_exp.report.compare import ArmResult, OptimizerInteraction, StabilityRow, TrendPoint, metric_names
-from xsa_exp.report.runs import Problem, Run, setting_name
+from xsa_exp.report.compare import ArmResult, OptimizerInteraction, SettingRow, StabilityRow, TrendPoint, metric_names
+from xsa_exp.report.runs import Problem, Run
 from xsa_exp.report.stats import RELATIVE_MIN_BASELINE, SPIKE_RISE, WARMUP_FRACTION, Estimate
 
 # The attention diagnostics the report tabulates and plots per layer (xsa_exp.eval.diagnostics has them all).
@@ -266,8 +266,32 @@ def scale_section(points: list[TrendPoint], plot: str | None, out: Numbers) -> s
     return "\n".join(parts) + "\n"
 
 
-def setting_section(key: str, points: list[TrendPoint], plot: str | None, out: Numbers) -> str:
-    name = setting_name(key)
+def settings_table(rows: list[SettingRow], out: Numbers) -> str:
+    """The settings of one depth side by side: XSA's Δ at each, and its change from the reference setting."""
+    base = rows[0].base_depth
+    reference = any(row.setting == "" for row in rows)
+    table = []
+    for row in rows:
+        versus = "reference" if row.setting == "" else "—" if row.versus_reference is None else \
+            fmt_difference(row.versus_reference)
+        significant = row.versus_reference.significant if row.versus_reference is not None else "—"
+        table.append([row.arm.label, row.setting or "(reference)", num(row.delta.value, sign=True),
+                      fmt_interval(row.delta), str(row.delta.n), row.delta.significant,
+                      *([versus, significant] if reference else [])])
+        depth = f"{base} · {row.setting}" if row.setting else base
+        out.estimate(depth, row.arm.label, "val/bpb", "delta_vs_reference_setting", row.versus_reference)
+    note = (" Against the reference: per seed, Δ at the setting − Δ at the reference setting (whose every value is "
+            "the one most of the settings share), over the seeds both have, 95% t-CI; significant? there is this "
+            "difference's." if reference else "")
+    return "\n".join([
+        f"## Settings of `{base}` side by side", "",
+        "Δ: XSA arm − its baseline arm (same depth and settings, optimizer and lr scale), paired over seeds, 95% "
+        f"t-CI; rows by arm, then Δ.{note}", "",
+        md_table(["arm", "setting", "Δ val/bpb", "95% CI", "seeds", "significant?",
+                  *(["Δ − Δ at the reference", "significant?"] if reference else [])], table), ""]) + "\n"
+
+
+def setting_section(key: str, name: str, points: list[TrendPoint], plot: str | None, out: Numbers) -> str:
     table = []
     for p in points:
         table.append([p.series, str(p.x), f"{p.n_params:,}", num(p.delta.value, sign=True), fmt_interval(p.delta),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,10 +29,11 @@ class RunProblem(Exception):
 
 
 # Config keys whose values, where they differ between runs of one depth, make those runs different settings (e.g.
-# "tiny · sequence_len=512"), compared and trended apart: the model's shape and switches, the training length and
-# batch, the corpus and the precision. The arm's keys (xsa.*, the optimizer) and the seed are not settings.
-SETTING_KEYS = ("stack_name", "model.", "optim.muon.", "train.max_steps", "train.total_batch_tokens", "data.name",
-                "trainer.precision")
+# "tiny · sequence_len=512"), compared and trended apart: the stack, the model's shape and switches, the optimizer's
+# hyperparameters, the training length and batch, the corpus and the precision. The arm's keys (xsa.*, the optimizer)
+# and the seed are not settings, nor is a key that only the optimizer arm changes (optim=adamw's matrix lr).
+SETTING_KEYS = ("stack_name", "model.", "optim.muon.", "optim.lr.", "optim.adamw.", "optim.schedule.",
+                "train.max_steps", "train.total_batch_tokens", "data.name", "trainer.precision")
 
 
 @dataclass
@@ -54,6 +55,8 @@ class Run:
     final_alpha: np.ndarray | None = None  # α per layer and head at the last diagnostics step (learnable runs)
     config: dict = field(default_factory=dict)  # config.yaml's leaves, by dotted key
     settings: dict = field(default_factory=dict)  # the SETTING_KEYS leaves that vary among its depth's runs
+    shown: dict = field(default_factory=dict)  # those of them its label names (see assign_settings)
+    setting_names: dict = field(default_factory=dict)  # setting key -> its short name in labels (setting_names)
 
     @property
     def base_depth(self) -> str:
@@ -174,21 +177,49 @@ def leaves(tree: dict, prefix: str = "") -> dict:
 
 
 def assign_settings(runs: list[Run]) -> None:
-    """Give each run the SETTING_KEYS values that vary among the runs of its depth, and a depth label naming them."""
+    """Give each run the SETTING_KEYS values that vary among the runs of its depth (within one optimizer), and a
+    depth label naming those of them in which its setting differs from the common one: a key's value shared by
+    most of the depth's settings is left out of their labels ("tiny · window_pattern=L" beside "tiny" for an
+    ablation), unless no value is the most common (a sweep over sequence_len names it in every label)."""
     by_depth = defaultdict(list)
     for run in runs:
         by_depth[run.base_depth].append(run)
     for group in by_depth.values():
         keys = sorted({k for run in group for k in run.config if k.startswith(SETTING_KEYS)})
-        varying = [k for k in keys if len({repr(run.config.get(k)) for run in group}) > 1]
+        by_optim = defaultdict(list)
         for run in group:
-            run.settings = {k: run.config.get(k) for k in varying}
-            run.depth = " · ".join([run.base_depth, *(f"{setting_name(k)}={v}" for k, v in run.settings.items())])
+            by_optim[run.arm.optim].append(run)
+        varying = [k for k in keys if any(len({repr(run.config.get(k)) for run in same}) > 1
+                                          for same in by_optim.values())]
+        settings = {run.path: {k: run.config.get(k) for k in varying} for run in group}
+        distinct = list({repr(s): s for s in settings.values()}.values())
+        common = {}
+        for k in varying:
+            counts = Counter(repr(s[k]) for s in distinct).most_common()
+            if len(counts) == 1 or counts[0][1] > counts[1][1]:
+                common[k] = counts[0][0]
+        names = setting_names(varying)
+        for run in group:
+            run.settings = settings[run.path]
+            run.shown = {k: v for k, v in run.settings.items() if common.get(k) != repr(v)}
+            run.setting_names = names
+            run.depth = " · ".join([run.base_depth, *(f"{names[k]}={v}" for k, v in run.shown.items())])
 
 
-def setting_name(key: str) -> str:
-    """The short name of a setting key in labels: model.sequence_len -> sequence_len, data.name -> data."""
-    return "data" if key == "data.name" else key.rsplit(".", 1)[-1]
+def setting_names(keys: list[str]) -> dict[str, str]:
+    """Each setting key's name in labels: its last part (model.sequence_len -> sequence_len, data.name -> data),
+    with the parts above it while that is shared with another key (optim.lr.embedding -> lr.embedding beside
+    optim.adamw.role_betas.embedding -> role_betas.embedding)."""
+    def name(key: str, parts: int) -> str:
+        return "data" if key == "data.name" else ".".join(key.split(".")[-parts:])
+
+    names = {}
+    for key in keys:
+        parts = 1
+        while parts < key.count(".") and any(name(other, parts) == name(key, parts) for other in keys if other != key):
+            parts += 1
+        names[key] = name(key, parts)
+    return names
 
 
 def incomplete_reason(run: Run) -> str:
