@@ -3,8 +3,8 @@ the real filesystem and processes after the run (not by the reported status), in
 
 Each technique names the harm it must not do. The namespace modes (bubblewrap, namespaces) must contain
 all of them; the guard alone must contain exactly those marked ``guard=True``: the others are expected
-to escape it (strict xfail), which is the documented limit of that mode. The README's sandbox figures
-are this file's counts.
+to escape it (strict xfail), which is the documented limit of that mode. The sandbox figures of
+docs/evaluation.md are this file's counts.
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def test_corpus_size_is_the_documented_one():
     from pathlib import Path
 
     n = len(TECHNIQUES)
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert f"red-team corpus (`tests/test_sandbox_redteam.py`, run in CI in every mode): {n}" in readme.replace("\n  ", " ")
-    assert f"contain {n}/{n}" in readme
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "evaluation.md").read_text()
+    assert f"red-team corpus (`tests/test_sandbox_redteam.py`, run in CI in every mode): {n}" in doc.replace("\n  ", " ")
+    assert f"contain {n}/{n}" in doc
     assert len({t.name for t in TECHNIQUES}) == n
