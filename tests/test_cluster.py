@@ -16,12 +16,13 @@ from xsa_exp.cluster import available_cpus, cluster_plugins
 from xsa_exp.run_dir import read_status
 
 # The tiny preset at one thread: an attempt starts in about 8 s here and trains about an update a second until the
-# signal at 30 s, so 40 updates span at least one signal and finish in two attempts; one more process on the
-# machine (pytest-xdist's other worker) makes it three or four, within submitit's six.
-TASKS = {1: ["train.max_steps=40", "eval.every=20"],
+# signal at 30 s (the local executor's fixed signal_delay_s before the 1-minute limit), so 32 updates span one
+# signal with a margin for a faster machine and finish in two attempts; one more process on the machine
+# (pytest-xdist's other worker) makes it three or four, within submitit's six.
+TASKS = {1: ["train.max_steps=32", "eval.every=16"],
          2: ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "train.device_batch_size=4",
-             "train.max_steps=40", "eval.every=20"]}
-COMMON = ["train.cpu_threads=1", "logger=csv", "eval.diag_every=10", "resume=auto"]
+             "train.max_steps=32", "eval.every=16"]}
+COMMON = ["train.cpu_threads=1", "logger=csv", "eval.diag_every=8", "resume=auto"]
 
 
 @pytest.mark.slow
