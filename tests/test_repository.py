@@ -28,3 +28,25 @@ def test_no_private_hydra_api_in_the_code():
     assert any(f.name == "config.py" for f in code)
     private = [str(f.relative_to(REPO)) for f in code if PRIVATE_HYDRA.search(f.read_text())]
     assert private == []
+
+
+def documented_signatures():
+    """(file, dotted name, parameters as written) of every `xsa_exp.module.function(...)` in the README and docs/."""
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for match in re.finditer(r"`(xsa_exp(?:\.\w+)+)\(([^`]*)\)`", path.read_text()):
+            params = [p.strip() for p in " ".join(match[2].split()).split(",") if p.strip()]
+            yield path.name, match[1], params
+
+
+def test_every_documented_python_signature_is_the_code_s():
+    import importlib
+    import inspect
+
+    found = list(documented_signatures())
+    assert {name for _, name, _ in found} >= {"xsa_exp.generate.generate", "xsa_exp.generate.generate_batch"}
+    for file, name, documented in found:
+        module, _, function = name.rpartition(".")
+        signature = inspect.signature(getattr(importlib.import_module(module), function))
+        actual = [("**" if p.kind is p.VAR_KEYWORD else "*" if p.kind is p.VAR_POSITIONAL else "") + p.name
+                  + ("" if p.default is p.empty else f"={p.default!r}") for p in signature.parameters.values()]
+        assert documented == actual, f"{file} documents {name}({', '.join(documented)}); the code has {signature}"
