@@ -159,15 +159,26 @@ def test_sft_stage_trains_one_epoch_of_the_mixture_and_records_its_base(base_run
     assert saved.stage_name == "sft" and saved.data.name == "sft"
 
 
-@pytest.mark.slow
-def test_smoke_pipeline_base_then_sft_then_chatcore(base_run, tmp_path):
-    """The commands a user runs: train.py stage=sft init_from=<base>, then evaluate.py eval.metrics=[chatcore]."""
+@pytest.fixture(scope="module")
+def sft_run(base_run, tmp_path_factory):
+    """An SFT run made by the command a user runs: train.py stage=sft init_from=<base>."""
     if not (BUNDLE / "eval_data").is_dir():
         pytest.skip(f"ChatCORE's ARC, GSM8K and HumanEval data come from the eval bundle, not found at {BUNDLE}")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    sft = tmp_path / "sft"
+    sft = tmp_path_factory.mktemp("sft_run") / "sft"
     subprocess.run([sys.executable, "train.py", *SMALL, "stage=sft", f"init_from={base_run}", *SFT_DATA,
-                    "train.max_steps=3", f"hydra.run.dir={sft}"], cwd=REPO, env=env, check=True, capture_output=True)
+                    "train.max_steps=3", f"hydra.run.dir={sft}"], cwd=REPO, env=EVAL_ENV, check=True,
+                   capture_output=True)
+    return sft
+
+
+EVAL_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("sft_run")  # one worker makes the SFT run for both tests
+def test_smoke_pipeline_base_then_sft_then_chatcore(sft_run):
+    """The commands a user runs: train.py stage=sft init_from=<base>, then evaluate.py eval.metrics=[chatcore]."""
+    env, sft = EVAL_ENV, sft_run
     common = [f"run={sft}", f"eval.bundle_dir={BUNDLE}", "eval.chatcore.max_per_task=2"]
     done = subprocess.run([sys.executable, "evaluate.py", *common, "eval.metrics=[bpb,chatcore]",
                            f"eval.chatcore.mmlu.data_files={FIXTURES / 'mmlu_test.jsonl'}"],
@@ -191,6 +202,34 @@ def test_smoke_pipeline_base_then_sft_then_chatcore(base_run, tmp_path):
     # without MMLU data (the hub is offline) the score says it covers four tasks
     subprocess.run([sys.executable, "evaluate.py", *common, "eval.metrics=[chatcore]"], cwd=REPO, env=env, check=True,
                    capture_output=True)
-    newest = max((sft / "eval").glob("*/summary.json"), key=lambda p: p.stat().st_mtime_ns)
+    newest = max(set((sft / "eval").glob("*/summary.json")) - {summary_path}, key=lambda p: p.stat().st_mtime_ns)
     metrics = json.loads(newest.read_text())["metrics"]
     assert "ChatCORE 4/5" in metrics and "ChatCORE" not in metrics and "chat/mmlu" not in metrics
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("sft_run")
+def test_evaluate_py_under_torchrun_gives_the_one_process_results(sft_run):
+    """Two gloo processes (torchrun) share bpb's rows, CORE's examples and ChatCORE's batches (one prompt each, so
+    both ranks answer some of every task) and write one results folder: the one process's, example for example."""
+    common = [f"run={sft_run}", f"eval.bundle_dir={BUNDLE}", "eval.metrics=[bpb,core,chatcore]",
+              "eval.core_max_per_task=2", "eval.chatcore.max_per_task=3", "eval.chatcore.batch_size=1",
+              "eval.chatcore.max_new_tokens=24", f"eval.chatcore.mmlu.data_files={FIXTURES / 'mmlu_test.jsonl'}"]
+    env = {**EVAL_ENV, "OMP_NUM_THREADS": "1"}
+    folders = []
+    for launcher in ([sys.executable], [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                        "--nproc_per_node=2"]):
+        before = set((sft_run / "eval").glob("*"))
+        subprocess.run([*launcher, "evaluate.py", *common], cwd=REPO, env=env, check=True, capture_output=True)
+        [folder] = set((sft_run / "eval").glob("*")) - before  # rank 1 writes nothing
+        folders.append(folder)
+    alone, shared = ({name: (folder / name).read_text() for name in
+                      ("summary.json", "core_examples.jsonl", "core_tasks.csv", "chatcore_examples.jsonl")}
+                     for folder in folders)
+    metrics = [json.loads(files.pop("summary.json"))["metrics"] for files in (alone, shared)]
+    assert metrics[1].pop("val/bpb") == pytest.approx(metrics[0].pop("val/bpb"), rel=1e-6)  # other batches, other sums
+    assert metrics[1] == metrics[0] and "ChatCORE" in metrics[0] and any(k.startswith("CORE") for k in metrics[0])
+    assert shared == alone
+    tasks = [[{k: v for k, v in row.items() if k != "seconds"}
+              for row in csv.DictReader((f / "chatcore_tasks.csv").read_text().splitlines())] for f in folders]
+    assert tasks[1] == tasks[0] and [row["n"] for row in tasks[0]] == ["3"] * 5

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -38,7 +39,10 @@ from xsa_exp.run_dir import (
 KNOWN_METRICS = ("bpb", "core", "diagnostics", "chatcore")
 
 
-def evaluate(cfg: DictConfig) -> Path:
+def evaluate(cfg: DictConfig) -> Path | None:
+    """Evaluate a run as configured; returns the results folder (None on the ranks other than 0). Under torchrun
+    (WORLD_SIZE > 1) the processes share the validation rows, CORE's examples and ChatCORE's batches, each result
+    the one process's (bpb to rounding: its rows are batched differently), and rank 0 writes it."""
     quiet_libraries()
     options = cfg.eval
     metrics = list(options.metrics)
@@ -49,13 +53,13 @@ def evaluate(cfg: DictConfig) -> Path:
     # ChatCORE reads some of its tasks from the bundle too, but runs (with those listed as missing) without it.
     bundle = require_bundle(options.bundle_dir, "CORE", "drop core from eval.metrics") if "core" in metrics \
         else resolve_bundle_dir(options.bundle_dir)
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if cfg.device == "auto" else cfg.device)
+    rank, world_size, device = join_process_group(cfg.device)
+    say = print if rank == 0 else lambda *args, **kwargs: None
     model = run.model.to(device)
     precision = options.precision or trained_precision(run.run_dir)
     autocast = forward_context(precision, device)
-    out_dir = new_eval_dir(run.run_dir, run.checkpoint, run.step)
     summary = eval_summary(run=run.run_dir, checkpoint=run.checkpoint, step=run.step, precision=precision, metrics={})
+    files = {}  # file name in the results folder -> its rows
     c = run.config
 
     data = None
@@ -65,19 +69,35 @@ def evaluate(cfg: DictConfig) -> Path:
         data.setup("validate")
     if "bpb" in metrics:
         val_tokens = options.val_tokens or c.eval.val_tokens
-        summary["metrics"]["val/bpb"] = evaluate_bpb(model, data.val_batches(val_tokens), data.token_bytes, autocast)
+        summary["metrics"]["val/bpb"] = evaluate_bpb(model, data.val_batches(val_tokens, rank, world_size),
+                                                     data.token_bytes, autocast)
         summary["val_scope"] = data.val_scope(val_tokens)
     if "core" in metrics:
-        name, value, summary["core"] = core(model, run, bundle, options.core_max_per_task, out_dir)
-        summary["metrics"][name] = value
-    if "diagnostics" in metrics:
-        summary["metrics"].update(diagnostics(model, data.diagnostics_inputs(options.diag_rows or c.eval.diag_rows)
-                                                .to(device), autocast, out_dir))
+        result = evaluate_core(model, run.tokenizer, bundle, c.model.sequence_len, options.core_max_per_task,
+                               progress=lambda t, done, total: say(
+                                   f"  CORE {done}/{total} {t.label:<34} acc {t.accuracy:.4f} "
+                                   f"centered {t.centered:+.4f}", flush=True), rank=rank, world_size=world_size)
+        summary["metrics"][result.name] = result.core
+        summary["core"] = {"name": result.name, "n_tasks": result.n_tasks, "max_per_task": options.core_max_per_task,
+                           "bundle": str(bundle)}
+        files[rd.CORE_TASKS], files[rd.CORE_EXAMPLES] = [vars(t) for t in result.tasks.values()], result.examples
+    if "diagnostics" in metrics and rank == 0:  # one batch: not worth sharing
+        means, files[rd.EVAL_DIAGNOSTICS] = diagnostics(
+            model, data.diagnostics_inputs(options.diag_rows or c.eval.diag_rows).to(device), autocast)
+        summary["metrics"].update(means)
     if "chatcore" in metrics:
-        chat_metrics, sandbox = chatcore(run, options.chatcore, bundle, out_dir)
+        chat_metrics, info, tasks, examples = chatcore(run, options.chatcore, bundle, rank, world_size, say)
         summary["metrics"].update(chat_metrics)
-        if sandbox:
-            summary["sandbox"] = sandbox
+        if info["sandbox"]:
+            summary["sandbox"] = info["sandbox"]
+        files[rd.CHATCORE_TASKS], files[rd.CHATCORE_EXAMPLES], files[rd.CHATCORE_INFO] = tasks, examples, info
+    if world_size > 1:
+        torch.distributed.destroy_process_group()
+    if rank != 0:
+        return None
+    out_dir = new_eval_dir(run.run_dir, run.checkpoint, run.step)
+    for name, rows in files.items():
+        write_rows(out_dir / name, rows)
     write_summary(out_dir, summary)
     print_table(summary, out_dir)
     if cfg.wandb:
@@ -85,26 +105,26 @@ def evaluate(cfg: DictConfig) -> Path:
     return out_dir
 
 
-def core(model, run: LoadedRun, bundle: Path, max_per_task: int | None, out_dir: Path) -> tuple[str, float, dict]:
-    """CORE (its name says how many tasks it covers), its record in summary.json; per task and example to files."""
-    result = evaluate_core(model, run.tokenizer, bundle, run.config.model.sequence_len, max_per_task,
-                           progress=lambda t, done, total: print(
-                               f"  CORE {done}/{total} {t.label:<34} acc {t.accuracy:.4f} "
-                               f"centered {t.centered:+.4f}", flush=True))
-    write_csv(out_dir / rd.CORE_TASKS, [vars(t) for t in result.tasks.values()])
-    write_jsonl(out_dir / rd.CORE_EXAMPLES, result.examples)
-    return result.name, result.core, {"name": result.name, "n_tasks": result.n_tasks, "max_per_task": max_per_task,
-                                      "bundle": str(bundle)}
+def join_process_group(device_setting: str) -> tuple[int, int, torch.device]:
+    """This process's rank, the world size and its device: under torchrun (WORLD_SIZE > 1) it joins the process
+    group (NCCL on CUDA, gloo on a CPU) and takes the GPU of its LOCAL_RANK; alone, rank 0 of 1."""
+    cuda = device_setting.startswith("cuda") or device_setting == "auto" and torch.cuda.is_available()
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return 0, 1, torch.device(device_setting if device_setting != "auto" else "cuda" if cuda else "cpu")
+    torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    return torch.distributed.get_rank(), torch.distributed.get_world_size(), device
 
 
-def diagnostics(model, inputs: torch.Tensor, autocast, out_dir: Path) -> dict[str, float]:
-    """The attention diagnostics' means for summary.json; per layer and head to a file."""
+def diagnostics(model, inputs: torch.Tensor, autocast) -> tuple[dict[str, float], list[dict]]:
+    """The attention diagnostics' means for summary.json, and their rows per layer and head."""
     diag = attention_diagnostics(model, inputs, autocast)
     n_layer, n_head = diag[DIAGNOSTICS[0]].shape
-    write_csv(out_dir / rd.EVAL_DIAGNOSTICS,
-              [{"layer": layer, "head": head, **{m: diag[m][layer, head].item() for m in DIAGNOSTICS}}
-               for layer in range(n_layer) for head in range(n_head)])
-    return {f"diag/{m}": diag[m].mean().item() for m in DIAGNOSTICS}
+    rows = [{"layer": layer, "head": head, **{m: diag[m][layer, head].item() for m in DIAGNOSTICS}}
+            for layer in range(n_layer) for head in range(n_head)]
+    return {f"diag/{m}": diag[m].mean().item() for m in DIAGNOSTICS}, rows
 
 
 def forward_context(precision: str, device: torch.device):
@@ -116,43 +136,43 @@ def forward_context(precision: str, device: torch.device):
     raise UserError(f"eval.precision={precision} is not supported for evaluation; use 32-true, bf16-mixed or 16-mixed")
 
 
-def chatcore(run: LoadedRun, cfg: DictConfig, bundle: Path, out_dir: Path) -> tuple[dict[str, float], str | None]:
-    """ChatCORE (or "ChatCORE k/5") and per-task accuracies, and the sandbox mode HumanEval ran in (None
-    without HumanEval); tasks without data are named, not fatal."""
+def chatcore(run: LoadedRun, cfg: DictConfig, bundle: Path, rank: int, world_size: int,
+             say) -> tuple[dict[str, float], dict, list[dict], list[dict]]:
+    """ChatCORE (or "ChatCORE k/5") and per-task accuracies, chatcore.json's record (with the sandbox mode HumanEval
+    ran in, None without HumanEval), and the rows per task and per example; tasks without data are named, not fatal."""
     c = run.config
     if c.stage_name != "sft":
-        print(f"note: {run.run_dir} is a {c.get('stage_name', 'base')} run; ChatCORE measures a chat (stage=sft) model")
+        say(f"note: {run.run_dir} is a {c.get('stage_name', 'base')} run; ChatCORE measures a chat (stage=sft) model")
     tool_use = cfg.tool_use if cfg.tool_use is not None else bool(c.data.get("gsm8k_tool_calls", False))
     result = evaluate_chat(run.model, run.tokenizer, bundle, cfg.mmlu, cfg.max_per_task, cfg.max_new_tokens, tool_use,
                            cfg.batch_size, cfg.humaneval_timeout_s, cfg.humaneval_memory_mb,
-                           progress=lambda t: print(f"  ChatCORE {t.task:<14} acc {t.accuracy:.4f} ({t.correct}/{t.n}) "
-                                                    f"centered {t.centered:+.4f}  {t.seconds:.0f}s", flush=True))
+                           progress=lambda t: say(f"  ChatCORE {t.task:<14} acc {t.accuracy:.4f} ({t.correct}/{t.n}) "
+                                                  f"centered {t.centered:+.4f}  {t.seconds:.0f}s", flush=True),
+                           rank=rank, world_size=world_size)
     for task, reason in result.missing.items():
-        print(f"  ChatCORE {task:<14} not evaluated: {reason}")
+        say(f"  ChatCORE {task:<14} not evaluated: {reason}")
     if result.sandbox:
-        print(f"  ChatCORE humaneval sandbox: {result.sandbox}")
+        say(f"  ChatCORE humaneval sandbox: {result.sandbox}")
     if not result.tasks:
         raise UserError(f"ChatCORE has no task data: {'; '.join(result.missing.values())}; set eval.bundle_dir "
                         "(ARC, GSM8K, HumanEval) and eval.chatcore.mmlu.data_files, or drop chatcore from eval.metrics")
-    write_csv(out_dir / rd.CHATCORE_TASKS, [vars(t) for t in result.tasks.values()])
-    write_jsonl(out_dir / rd.CHATCORE_EXAMPLES, result.examples)
-    (out_dir / rd.CHATCORE_INFO).write_text(json.dumps(
-        {"name": result.name, "n_tasks": len(result.tasks), "missing": result.missing, "tool_use": tool_use,
-         "max_per_task": cfg.max_per_task, "bundle": str(bundle), "sandbox": result.sandbox}, indent=1))
-    return {result.name: result.score, **{f"chat/{t.task}": t.accuracy for t in result.tasks.values()}}, result.sandbox
+    info = {"name": result.name, "n_tasks": len(result.tasks), "missing": result.missing, "tool_use": tool_use,
+            "max_per_task": cfg.max_per_task, "bundle": str(bundle), "sandbox": result.sandbox}
+    scores = {result.name: result.score, **{f"chat/{t.task}": t.accuracy for t in result.tasks.values()}}
+    return scores, info, [vars(t) for t in result.tasks.values()], result.examples
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    with open(path, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+def write_rows(path: Path, rows: list[dict] | dict) -> None:
+    """A results file by its name: .csv (rows with the same keys), .jsonl (a row a line) or .json (one record)."""
+    if path.suffix == ".json":
+        path.write_text(json.dumps(rows, indent=1))
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    else:
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
 
 
 def print_table(summary: dict, out_dir: Path) -> None:

@@ -207,9 +207,12 @@ def humaneval_program(example: dict, reply: str) -> str:
 
 def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, mmlu_source, max_per_task: int | None = None,
                   max_new_tokens: int = 512, tool_use: bool = False, batch_size: int = 8, timeout_s: float = 10.0,
-                  memory_mb: int = 1024, progress: Callable[[ChatTaskResult], None] | None = None) -> ChatCoreResult:
+                  memory_mb: int = 1024, progress: Callable[[ChatTaskResult], None] | None = None, rank: int = 0,
+                  world_size: int = 1) -> ChatCoreResult:
     """Every task whose data is available; the others are listed in `missing` with the reason. Data that
-    is there but malformed raises DataError or BundleError (file and line)."""
+    is there but malformed raises DataError or BundleError (file and line). With world_size > 1 (every rank of an
+    initialized process group calling it) rank r answers batches r, r + R, ... and every rank gets the whole result:
+    each batch is the one process's, so the answers are too."""
     result = ChatCoreResult({}, {})
     with evaluating(model):  # restored also when a task fails
         for task in TASKS:
@@ -222,28 +225,17 @@ def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, mmlu_source, ma
                 result.missing[task] = "no examples"
                 continue
             start = time.perf_counter()
-            records = []
-            if task in ("arc_easy", "arc_challenge", "mmlu"):
-                predictions = categorical_predictions(model, tokenizer, [e for _, e in examples], batch_size)
-                for (index, example), predicted in zip(examples, predictions):
-                    records.append({"prediction": LETTERS[predicted], "answer": LETTERS[example["gold"]],
-                                    "correct": predicted == example["gold"], "index": index})
-            elif task == "gsm8k":
-                replies = answer_texts(model, tokenizer, [e["question"] for _, e in examples], max_new_tokens, tool_use,
-                                       batch_size)
-                for (index, example), reply in zip(examples, replies):
-                    predicted = final_number(reply)
-                    records.append({"prediction": predicted, "answer": example["answer"],
-                                    "correct": same_number(predicted, example["answer"]), "index": index,
-                                    "reply": reply})
-            else:
-                replies = answer_texts(model, tokenizer, [e["prompt"] for _, e in examples], max_new_tokens, tool_use,
-                                       batch_size)
+            if task == "humaneval":
                 result.sandbox = isolation_mode()
-                for (index, example), reply in zip(examples, replies):
-                    outcome = run_program(humaneval_program(example, reply), timeout_s, memory_mb, result.sandbox)
-                    records.append({"prediction": outcome.status, "answer": "passed", "correct": outcome.passed,
-                                    "index": index, "reply": reply, "detail": outcome.detail})
+            batches = [examples[i:i + batch_size] for i in range(0, len(examples), batch_size)]
+            records = [record for batch in batches[rank::world_size]
+                       for record in task_records(task, batch, model, tokenizer, max_new_tokens, tool_use, timeout_s,
+                                                  memory_mb, result.sandbox)]
+            if world_size > 1:
+                shares = [None] * world_size
+                torch.distributed.all_gather_object(shares, records)
+                position = {index: i for i, (index, _) in enumerate(examples)}
+                records = sorted((r for share in shares for r in share), key=lambda r: position[r["index"]])
             correct = sum(r["correct"] for r in records)
             accuracy = correct / len(records)
             baseline = BASELINES[task]
@@ -254,3 +246,26 @@ def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, mmlu_source, ma
             if progress:
                 progress(task_result)
     return result
+
+
+def task_records(task: str, batch: list[tuple[int, dict]], model, tokenizer: Tokenizer, max_new_tokens: int,
+                 tool_use: bool, timeout_s: float, memory_mb: int, sandbox: str | None) -> list[dict]:
+    """One batch of a task's (index in the file, example) pairs, answered and scored: a record per example."""
+    if task in ("arc_easy", "arc_challenge", "mmlu"):
+        predictions = categorical_predictions(model, tokenizer, [e for _, e in batch], len(batch))
+        return [{"prediction": LETTERS[predicted], "answer": LETTERS[example["gold"]],
+                 "correct": predicted == example["gold"], "index": index}
+                for (index, example), predicted in zip(batch, predictions)]
+    prompts = [e["question"] if task == "gsm8k" else e["prompt"] for _, e in batch]
+    replies = answer_texts(model, tokenizer, prompts, max_new_tokens, tool_use, len(batch))
+    records = []
+    for (index, example), reply in zip(batch, replies):
+        if task == "gsm8k":
+            predicted = final_number(reply)
+            records.append({"prediction": predicted, "answer": example["answer"],
+                            "correct": same_number(predicted, example["answer"]), "index": index, "reply": reply})
+        else:
+            outcome = run_program(humaneval_program(example, reply), timeout_s, memory_mb, sandbox)
+            records.append({"prediction": outcome.status, "answer": "passed", "correct": outcome.passed,
+                            "index": index, "reply": reply, "detail": outcome.detail})
+    return records
