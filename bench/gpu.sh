@@ -7,10 +7,14 @@ cd "$(dirname "$0")/.."
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
     || { echo "bench/gpu.sh: no CUDA device visible to torch; run it on a GPU machine with the CUDA build of torch"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-# The real train.py at d12 and d24, eager and compiled, at the presets' micro-batches: tokens/s, MFU, peak
-# memory against the prediction, first-update (compile) time; then alpha = 0 / orthogonality / KV-cache checks.
-python bench/gpu_runs.py --steps 6 --out gpu_runs.json
+# Each part has a time bound, so that the whole stays within 10 minutes: what finished is kept, what did not
+# says so. First the real train.py at d12 and d24, compiled and eager, at the presets' micro-batches: tokens/s,
+# MFU, peak memory against the prediction, first-update (compile) time; and the exactness checks on the device.
+python bench/gpu_runs.py --steps 6 --budget-s 270 --out gpu_runs.json
 # The XSA overhead ratio alpha=1 / alpha=0 with its 95% interval (interleaved repeats, compiled, bf16).
-python bench/xsa_overhead.py --mode gpu --depths d12 --repeats 10
-python bench/core_throughput.py --depth d12 --device cuda --max-per-task 50   # skips, saying so, without a bundle
-python bench/generation.py --depth d12 --device cuda --new-tokens 256 --samples 8
+timeout 180 python bench/xsa_overhead.py --mode gpu --depths d12 --repeats 10 \
+    || echo "bench/xsa_overhead.py: stopped at its 180 s bound, or failed (above)"
+timeout 45 python bench/core_throughput.py --depth d12 --device cuda --max-per-task 50 \
+    || echo "bench/core_throughput.py: stopped at its 45 s bound, or failed (above)"   # skips without a bundle
+timeout 45 python bench/generation.py --depth d12 --device cuda --new-tokens 256 --samples 8 \
+    || echo "bench/generation.py: stopped at its 45 s bound, or failed (above)"

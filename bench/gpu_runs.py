@@ -15,11 +15,15 @@ eager and compiled, and the exactness checks on the device. Part of `bash bench/
    predicts. A run that fails (out of memory, say) is recorded with its last error line.
 2. On the device: the XSA op at alpha = 0 returns y bit for bit (bf16) and a model at alpha = 0 gives
    standard attention's logits bit for bit under bf16 autocast; alpha = 1 makes z_i orthogonal to v_i under
-   bf16 autocast (max |cos(z_i, v_i)| over layers and heads); windowed attention (FlexAttention on CUDA)
+   bf16 autocast (the largest |cos(z_i, v_i)| of any token, layer and head, measured on the op's own outputs
+   in the model's forward); windowed attention (FlexAttention with the training forward's block mask on CUDA)
    against SDPA with the same mask (max |difference|, bf16, GQA); greedy KV-cached generation equals full
    recomputation in fp32; and a compiled bf16 training run whose updates between host-sync steps run under
    torch.cuda.set_sync_debug_mode("warn"): the synchronizing CUDA calls they make (0 expected).
-Writes one JSON file and prints a table for BENCHMARKS.md.
+The parts run in that order of importance (checks; compiled runs, the presets' default; eager runs; the sync
+count) within --budget-s: a part that would start past it is recorded as skipped, a run is stopped at it, and
+the JSON file is rewritten after every part, so a time limit keeps what finished. Prints a table for
+BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from datetime import date
 from pathlib import Path
@@ -42,15 +47,15 @@ from data_loader import write_corpus  # bench/data_loader.py, beside this script
 from hydra import compose, initialize_config_dir
 
 from xsa_exp.callbacks import HostSync
-from xsa_exp.eval.diagnostics import attention_diagnostics
 from xsa_exp.generate import generate
 from xsa_exp.memory import predicted_peak_bytes
-from xsa_exp.model import GPT, GPTConfig, XSASettings, exclusive_self_attention
-from xsa_exp.model.gpt import causal_attention, window_mask
+from xsa_exp.model import GPT, GPTConfig, XSASettings, exclusive_self_attention, gpt
+from xsa_exp.model.gpt import causal_attention, window_block_mask, window_mask
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("d12", "d24")
 WARMUP = 4  # updates per host sync in the throughput runs; the first WARMUP are not counted
+SYNC_RUN_S = 60  # kept from the budget for the sync count's short compiled run, the last part
 SMOKE = ["model.n_layer=2", "model.n_embd=128", "model.n_head=2", "model.sequence_len=128", "model.vocab_size=1024",
          "train.device_batch_size=4", "train.total_batch_tokens=1024"]
 
@@ -60,19 +65,23 @@ def compose_cfg(overrides: list[str]):
         return compose(config_name="train", overrides=overrides)
 
 
-def throughput_run(name: str, overrides: list[str], compiled: bool, workdir: Path, steps: int) -> dict:
+def throughput_run(name: str, overrides: list[str], compiled: bool, workdir: Path, steps: int,
+                   timeout_s: float) -> dict:
     run_dir = workdir / name
     args = [*overrides, "stack=nanochat_2604", "optim.schedule.warmup_steps=0",
             f"train.compile={str(compiled).lower()}", f"train.max_steps={steps}", "eval.every=0",
             "eval.core_every=0", "eval.diag_every=0", "logger=csv", f"log.print_every={WARMUP}", "xsa.alpha=1",
             f"hydra.run.dir={run_dir}"]
-    result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "TORCH_LOGS": "recompiles"})
     cfg = compose_cfg([a for a in args if not a.startswith("hydra.")])
     with torch.device("meta"):
         model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
     figures = {"run": name, "compiled": compiled, "device_batch_size": cfg.train.device_batch_size,
                "predicted_peak_gb": predicted_peak_bytes(model, cfg.train.device_batch_size, compiled) / 1e9}
+    try:
+        result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True,
+                                timeout=timeout_s, env={**os.environ, "TORCH_LOGS": "recompiles"})
+    except subprocess.TimeoutExpired:
+        return {**figures, "error": f"stopped at the time budget, after {timeout_s:.0f} s"}
     if result.returncode != 0:
         lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
         return {**figures, "error": lines[-1] if lines else f"exit status {result.returncode}"}
@@ -110,20 +119,38 @@ def exactness_checks(device: str, smoke: bool) -> dict:
     window = T // 4
     dense = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(torch.arange(T, device=device), T, window),
                                            enable_gqa=True)
+    block_mask = window_block_mask(T, window, q.device) if device == "cuda" else None  # the training forward's
     checks["window_attention_max_abs_diff_from_masked_sdpa_bf16"] = float(
-        (causal_attention(q, k, v, window) - dense).abs().max())
+        (causal_attention(q, k, v, window, block_mask) - dense).abs().max())
     all_layers = list(range(shape["n_layer"]))
     with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
         checks["alpha0_model_equals_standard_attention_bf16"] = bool(
             torch.equal(model(alpha=0.0, layers=all_layers)(idx), model(layers=[])(idx)))
-        cos = attention_diagnostics(model(alpha=1.0, layers=all_layers), idx[:1],
-                                    lambda: torch.autocast(device, dtype=torch.bfloat16))
-        checks["alpha1_max_abs_cos_z_v_bf16"] = float(cos["out_self_cos"].abs().max())
+        checks["alpha1_max_abs_cos_z_v_bf16"] = largest_cos_z_v(model(alpha=1.0, layers=all_layers), idx)
     small = model(alpha=1.0, layers=all_layers)
     prompt = idx[0, :16].tolist()
     checks["kv_cache_greedy_equals_recomputation_fp32"] = \
         generate(small, prompt, 32, num_samples=2) == generate(small, prompt, 32, num_samples=2, use_cache=False)
     return checks
+
+
+def largest_cos_z_v(model: GPT, idx: torch.Tensor) -> float:
+    """The largest |cos(z_i, v_i)| over every token, layer and head of one forward, from the XSA op's own inputs
+    and outputs (a mean over tokens would let errors of opposite sign cancel)."""
+    worst = []
+
+    def recorded(y, v, alpha, eps):
+        z = exclusive_self_attention(y, v, alpha, eps)
+        v = v.repeat_interleave(z.size(1) // v.size(1), dim=1)  # each query head's value (GQA)
+        worst.append(F.cosine_similarity(z.float(), v.float(), dim=-1).abs().max().item())
+        return z
+
+    gpt.exclusive_self_attention = recorded
+    try:
+        model(idx)
+    finally:
+        gpt.exclusive_self_attention = exclusive_self_attention
+    return max(worst)
 
 
 def synchronizing_calls_between_host_syncs(smoke: bool) -> int | str:
@@ -166,35 +193,55 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=12, help=f"updates per run (the first {WARMUP} are not counted)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, to test the script on any device")
+    parser.add_argument("--budget-s", type=float, default=330, help="seconds for every part together")
     parser.add_argument("--out", type=Path, default=Path("gpu_runs.json"))
     args = parser.parse_args()
+    started = time.monotonic()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device != "cuda" and not args.smoke:
         sys.exit("bench/gpu_runs.py: no CUDA device visible to torch (use --smoke to test the script on a CPU)")
+    name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    capacity = torch.cuda.get_device_properties(0).total_memory / 1e9 if device == "cuda" else None
+    runs = []
+    figures = {"date": str(date.today()), "device": name, "memory_gb": capacity, "torch": torch.__version__,
+               "cuda": torch.version.cuda, "smoke": args.smoke, "budget_s": args.budget_s, "runs": runs,
+               "checks": exactness_checks(device, args.smoke)}
+    args.out.write_text(json.dumps(figures, indent=1))
+
+    def left() -> float:
+        return args.budget_s - (time.monotonic() - started)
+
+    cache = os.environ.get("XSA_EXP_CACHE")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         (workdir / "corpus").mkdir()
         write_corpus(workdir / "corpus", files=3, docs=300 if args.smoke else 3000)  # learns a 32,768-token BPE
         os.environ["XSA_EXP_CACHE"] = str(workdir / "cache")  # one tokenizer, learned by the first run
         data = ["data=local", f"data.path={workdir / 'corpus'}", "data.tokenizer_chars=20000000"]
-        runs = []
-        for preset in PRESETS:
-            shape = [f"depth={preset}", *data, *(SMOKE if args.smoke else [])]
-            for compiled in (False, True):
-                runs.append(throughput_run(f"{preset}_{'compiled' if compiled else 'eager'}", shape, compiled, workdir,
-                                           args.steps))
-    name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
-    capacity = torch.cuda.get_device_properties(0).total_memory / 1e9 if device == "cuda" else None
-    figures = {"date": str(date.today()), "device": name, "memory_gb": capacity, "torch": torch.__version__,
-               "cuda": torch.version.cuda, "smoke": args.smoke, "runs": runs,
-               "checks": {**exactness_checks(device, args.smoke), "synchronizing_cuda_calls_between_host_syncs":
-                          synchronizing_calls_between_host_syncs(args.smoke)}}
+        for compiled in (True, False):  # compiled first: the presets' default
+            for preset in PRESETS:
+                run = f"{preset}_{'compiled' if compiled else 'eager'}"
+                if left() - SYNC_RUN_S < 30:
+                    runs.append({"run": run, "compiled": compiled, "skipped": "out of the time budget"})
+                    continue
+                shape = [f"depth={preset}", *data, *(SMOKE if args.smoke else [])]
+                runs.append(throughput_run(run, shape, compiled, workdir, args.steps, left() - SYNC_RUN_S))
+                args.out.write_text(json.dumps(figures, indent=1))
+    if cache is None:
+        os.environ.pop("XSA_EXP_CACHE")
+    else:
+        os.environ["XSA_EXP_CACHE"] = cache
+    figures["checks"]["synchronizing_cuda_calls_between_host_syncs"] = \
+        synchronizing_calls_between_host_syncs(args.smoke) if left() > 0 else "skipped: out of the time budget"
     args.out.write_text(json.dumps(figures, indent=1))
     print(f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, {date.today()}")
     print(f"| run | micro-batch | tokens/s | MFU | peak GB (predicted) | first {WARMUP} updates s/update "
           "| steady update s | recompiles |")
     print("|---|---|---|---|---|---|---|---|")
     for r in runs:
+        if "skipped" in r:
+            print(f"| {r['run']} | skipped: {r['skipped']} | | | | | | |")
+            continue
         if "error" in r:
             print(f"| {r['run']} | {r['device_batch_size']} | failed: {r['error'][:80]} | | "
                   f"(predicted {r['predicted_peak_gb']:.1f}) | | | |")

@@ -9,7 +9,9 @@ alpha = 1 and learnable alpha on the same initial weights and the same batch, in
 A/B/C, A/B/C, ... after warm-up (the order rotates every repeat), so slow drifts of the machine hit
 every arm alike; each timed step starts from the arm's state after warm-up (restored untimed). Reported: median
 step time, the median of the per-repeat ratios to alpha = 0 with
-a bootstrap 95% interval, tokens/s, and peak memory (GPU: per arm; CPU: the process's peak RSS).
+a bootstrap 95% interval, tokens/s, and peak memory (GPU: per arm, the other arms' resident weights and
+state left out; CPU: the process's peak RSS). GPU mode runs the study's stack (stack=nanochat_2604: windowed
+layers through FlexAttention's block masks, as the training forward).
 
 Lightning: the same model, optimizer, schedule and batch trained by `Trainer.fit` and by a plain
 loop (zero_grad, forward, backward, step, scheduler step), in alternating blocks of steps.
@@ -52,6 +54,8 @@ def build(overrides: list[str], device: str, compile_model: bool):
     cfg = compose_cfg(overrides)
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa)).to(device)
+    if device == "cuda":
+        model.use_block_masks(cfg.model.sequence_len, torch.device(device))
     if compile_model:
         model.compile()
     optimizer = MuonAdamW(build_param_groups(model, cfg.optim))
@@ -85,8 +89,8 @@ def bootstrap_median_ci(ratios: list[float], n: int = 2000, seed: int = 0) -> tu
 
 
 def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, compile_model: bool, warmup: int,
-                 repeats: int, bf16: bool):
-    arms = {name: build(shape + extra, device, compile_model) for name, extra in ARMS.items()}
+                 repeats: int, bf16: bool, arm_names: tuple[str, ...] = tuple(ARMS)):
+    arms = {name: build(shape + ARMS[name], device, compile_model) for name in arm_names}
     cfg = next(iter(arms.values()))[0]
     batch = torch.randint(0, cfg.model.vocab_size, (batch_size, cfg.model.sequence_len + 1), device=device,
                           generator=torch.Generator(device=device).manual_seed(0))
@@ -94,11 +98,12 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
     times = {name: [] for name in arms}
     peak = {}
     for name, (_, model, opt, sched) in arms.items():
-        if device == "cuda":
+        if device == "cuda":  # what the other arms hold (weights; grads and state of those warmed up) is not this one's
             torch.cuda.reset_peak_memory_stats()
+            others = torch.cuda.memory_allocated() - sum(p.numel() * p.element_size() for p in model.parameters())
         for _ in range(warmup):
             timed(lambda: train_step(model, opt, sched, batch, autocast), device)
-        peak[name] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+        peak[name] = (torch.cuda.max_memory_allocated() - others) / 2**30 if device == "cuda" else None
     # Every timed step starts from the state after warm-up (restored, untimed): trained on one repeated
     # batch, the arms' weights would drift apart and their step times with them, for reasons (denormals,
     # numerics) that are not XSA's cost.
@@ -106,7 +111,7 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
                  for name, (_, model, opt, _) in arms.items()}
     names = list(arms)
     for r in range(repeats):
-        for name in names[r % 3:] + names[: r % 3]:
+        for name in names[r % len(names):] + names[: r % len(names)]:
             _, model, opt, sched = arms[name]
             model.load_state_dict(snapshots[name][0])
             opt.load_state_dict(snapshots[name][1])
@@ -139,8 +144,9 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
 
 
 def xsa_op_time(cfg, batch_size: int, device: str, bf16: bool, reps: int = 50) -> float:
-    """Median time of the XSA op's forward and backward on one layer's (B, H, T, D) tensors: a low-noise
-    lower bound on what XSA adds to a step (whole-step ratios carry the machine's step-to-step noise)."""
+    """Median time of the XSA op's forward and backward on one layer's (B, H, T, D) tensors, eager: a low-noise
+    estimate of what XSA adds to a step (whole-step ratios carry the machine's step-to-step noise), an upper bound
+    where the steps are compiled and fuse the op into its neighbours."""
     from xsa_exp.model import exclusive_self_attention
 
     shape = (batch_size, cfg.model.n_head, cfg.model.sequence_len, cfg.model.n_embd // cfg.model.n_head)
@@ -244,9 +250,10 @@ def main() -> None:
             lightning_overhead(["depth=tiny", "model.sequence_len=128"], 8, block=20, blocks=args.blocks)
     else:
         repeats = args.repeats or 20
-        batches = {"d12": 16, "d24": 8}  # half the presets' micro-batches: three arms stay resident
-        for depth in args.depths:
-            xsa_overhead(depth, [f"depth={depth}"], batches[depth], "cuda", True, 5, repeats, True)
+        batches = {"d12": 16, "d24": 8}  # half the presets' micro-batches: both arms stay resident
+        for depth in args.depths:  # alpha = 1 against 0 only: a compile per arm is the time this part has
+            xsa_overhead(depth, [f"depth={depth}", "stack=nanochat_2604"], batches[depth], "cuda", True, 5, repeats,
+                         True, ("alpha=0", "alpha=1"))
 
 
 if __name__ == "__main__":

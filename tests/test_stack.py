@@ -80,6 +80,58 @@ def test_flex_attention_path_equals_the_masked_sdpa_path():
     torch.testing.assert_close(flex, causal_attention(q, k, v, 128), atol=1e-5, rtol=1e-5)
 
 
+def windowed_model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(sequence_len=256, vocab_size=512, n_layer=4, n_head=2, n_embd=64, window_pattern="SSSL"))
+
+
+def test_the_training_forward_attends_through_block_masks_and_evaluation_through_masked_sdpa(monkeypatch):
+    """With GPT.use_block_masks (on CUDA, before training) the windowed layers of the training forward take
+    FlexAttention, with the masks built once; evaluation (eval mode), whose lengths vary, takes masked SDPA and
+    never calls (so never recompiles) the kernel. Both compute the same attention (eager FlexAttention here)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from xsa_exp.model import gpt
+
+    calls = []
+
+    def eager_flex(*args, **kwargs):
+        calls.append(kwargs["block_mask"])
+        return flex_attention(*args, **kwargs)
+
+    monkeypatch.setattr(gpt, "compiled_flex_attention", lambda: eager_flex)
+    model = windowed_model()
+    idx = torch.randint(0, 512, (2, 256))
+    with torch.no_grad():
+        reference = model.train()(idx)  # no masks yet: masked SDPA
+        model.use_block_masks(256, torch.device("cpu"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # eager FlexAttention warns that it is the slow reference path
+            flexed = model(idx)
+        assert len(calls) == 3 and len({id(m) for m in calls}) == 1  # layers 0-2 share one mask; layer 3 is full
+        torch.testing.assert_close(flexed, reference, atol=1e-5, rtol=1e-5)
+        calls.clear()
+        model.eval()(idx[:, :100])  # another length, in evaluation
+        assert calls == []
+
+
+def test_the_compiled_training_forward_has_one_graph_with_windows(monkeypatch):
+    """A block mask built inside the compiled forward would break the graph at every windowed layer; built by
+    use_block_masks, the training forward through FlexAttention is one graph (traced here on the CPU)."""
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from xsa_exp.model import gpt
+
+    monkeypatch.setattr(gpt, "compiled_flex_attention", lambda: flex_attention)
+    model = windowed_model().train().requires_grad_(False)
+    model.use_block_masks(256, torch.device("cpu"))
+    idx = torch.randint(0, 512, (2, 257))
+    explained = torch._dynamo.explain(model.forward)(idx[:, :-1], idx[:, 1:])
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+    assert sum("flex_attention" in str(op) for op in explained.ops_per_graph[0]) == 3  # the windowed layers
+
+
 def test_xsa_with_gqa_projects_each_query_head_on_its_groups_value():
     B, H, H_kv, T, D = 2, 6, 2, 5, 8
     y, v = torch.randn(B, H, T, D), torch.randn(B, H_kv, T, D)

@@ -29,6 +29,10 @@ class LanguageModel(L.LightningModule):
         self.skipped_steps = 0
         self._reset_update_stats()
 
+    def on_fit_start(self) -> None:
+        if self.device.type == "cuda":  # windowed layers train through FlexAttention's block masks
+            self.model.use_block_masks(self.model.config.sequence_len, self.device)
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Enough to rebuild the model without the run directory: its config, and where its tokenizer lives.
         checkpoint["xsa_exp"] = checkpoint_meta(self.run_config, self.skipped_steps)

@@ -140,17 +140,19 @@ def window_mask(query_pos: torch.Tensor, key_len: int, window: int | None) -> to
     return mask
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
+                     block_mask=None) -> torch.Tensor:
     """Causal attention of q (B, H, T, D) over k, v (B, H_kv, T, D), each query within its window. Full context
-    is SDPA's causal kernel; a window is FlexAttention's block-sparse kernel on CUDA (the dense-mask SDPA that
-    nanochat warns about skips nothing) and SDPA with a boolean mask on a CPU (FlexAttention has no CPU backward;
-    the cost there: BENCHMARKS.md, "Sliding windows on CPU")."""
+    is SDPA's causal kernel. A window is FlexAttention's block-sparse kernel where a block mask for this length
+    is given (the training forward on CUDA, GPT.use_block_masks; the dense-mask SDPA that nanochat warns about
+    skips nothing), else SDPA with a boolean mask: evaluations, whose lengths change from call to call and would
+    recompile the kernel each time, and CPUs, where FlexAttention has no backward (the cost there: BENCHMARKS.md,
+    "Sliding windows on CPU")."""
     gqa = k.size(1) != q.size(1)
     if window is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    if q.is_cuda:
-        return compiled_flex_attention()(q, k, v, block_mask=window_block_mask(q.size(2), window, q.device),
-                                         enable_gqa=gqa)
+    if block_mask is not None and tuple(block_mask.seq_lengths) == (q.size(2), k.size(2)):
+        return compiled_flex_attention()(q, k, v, block_mask=block_mask, enable_gqa=gqa)
     mask = window_mask(torch.arange(q.size(2), device=q.device), k.size(2), window)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
@@ -162,9 +164,9 @@ def compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
-@torch.compiler.disable  # built once per shape outside any compiled graph, then reused
-@functools.cache
 def window_block_mask(seq_len: int, window: int, device: torch.device):
+    """FlexAttention's block mask of a causal window over seq_len positions (built outside any compiled graph:
+    built inside one, it would break the graph at every windowed layer)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     def sliding_window(b, h, q_idx, kv_idx):
@@ -205,8 +207,10 @@ class KVCache:
         end = self.pos + T
         self.k[layer, :, :, self.pos:end] = k
         self.v[layer, :, :, self.pos:end] = v
-        # A no-op where q has the cache's dtype (always, under autocast or not); a guard where it has not.
-        keys, values = self.k[layer, :, :, :end].to(q.dtype), self.v[layer, :, :, :end].to(q.dtype)
+        # q in the cache's dtype, never the whole cached prefix in q's: under CUDA autocast rms_norm returns
+        # fp32, and converting the prefix at every decoding step would cost more than the attention itself.
+        q = q.to(self.k.dtype)
+        keys, values = self.k[layer, :, :, :end], self.v[layer, :, :, :end]
         gqa = keys.size(1) != q.size(1)
         if T == 1 and self.first is None and (window is None or window >= end - 1):  # one token sees every cached one
             return F.scaled_dot_product_attention(q, keys, values, enable_gqa=gqa)
@@ -228,6 +232,7 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
         self.qk_norm, self.qk_scale = config.qk_norm, config.qk_scale
         self.window = config.windows[layer_idx]
+        self.block_mask = None  # FlexAttention's mask for the training length (GPT.use_block_masks), windows only
         kv_dim = self.n_kv_head * self.head_dim
         self.c_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.c_k = nn.Linear(config.n_embd, kv_dim, bias=False)
@@ -281,7 +286,7 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:
             y = kv_cache.attend(self.layer_idx, q, k, v, self.window)
         elif self.probe is None:
-            y = causal_attention(q, k, v, self.window)
+            y = causal_attention(q, k, v, self.window, self.block_mask if self.training else None)
         else:
             y = self.probe.attend(q, self.per_query_head(k), self.per_query_head(v),
                                   window_mask(torch.arange(T, device=x.device), T, self.window))
@@ -445,6 +450,18 @@ class GPT(nn.Module):
                                    "one in PARAM_ROLES (xsa_exp/model/gpt.py)")
             groups[roles[0]].append((name, p))
         return {role: params for role, params in groups.items() if params}
+
+    def use_block_masks(self, seq_len: int, device: torch.device) -> None:
+        """Give each windowed layer FlexAttention's block mask for training inputs of seq_len tokens on device,
+        built here once, outside any compiled graph; the training forward then attends through it (on CUDA:
+        FlexAttention has no CPU backward)."""
+        masks = {}
+        for block in self.blocks:
+            window = block.attn.window
+            if window is not None:
+                if window not in masks:
+                    masks[window] = window_block_mask(seq_len, window, device)
+                block.attn.block_mask = masks[window]
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token, as nanochat and the PaLM appendix count them: 6 x the parameters that multiply
