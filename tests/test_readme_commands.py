@@ -1,8 +1,8 @@
-"""Every `python train.py` and `python evaluate.py` command in the code blocks of the README and of the study's
-results (docs/results/README.md), and in the experiment presets' comments, composes and passes the preflight
-(every key, value and sweep job checked, data files included), with local stand-ins for what a user's machine
-has: a ClimbMix mirror (empty shard files under the real names), a folder of jsonl files, a finished base run for
-the SFT commands. So a documented command cannot drift from the configs."""
+"""Every `python train.py` and `python evaluate.py` (or `torchrun ... evaluate.py`) command in the code blocks of
+the README and of the study's results (docs/results/README.md), and in the experiment presets' comments, composes
+and passes the preflight (every key, value and sweep job checked, data files included), with local stand-ins for
+what a user's machine has: a ClimbMix mirror (empty shard files under the real names), a folder of jsonl files, a
+finished base run for the SFT commands. So a documented command cannot drift from the configs."""
 
 import os
 import re
@@ -18,7 +18,7 @@ from xsa_exp.eval.bundle import BundleError
 
 BUNDLE = Path(os.environ.get("XSA_EXP_EVAL_BUNDLE") or REPO.parent / "shared" / "eval_bundle")
 
-COMMAND = re.compile(r"python (train|evaluate)\.py((?:[^;#`]|#(?=\S))*)")
+COMMAND = re.compile(r"(?:python|torchrun(?: --\S+)*) (train|evaluate)\.py((?:[^;#`]|#(?=\S))*)")
 
 
 def readme_commands() -> list[tuple[str, str]]:
