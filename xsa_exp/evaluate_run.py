@@ -62,40 +62,32 @@ def evaluate(cfg: DictConfig) -> Path | None:
     files = {}  # file name in the results folder -> its rows
     c = run.config
 
-    data = None
-    if "bpb" in metrics or "diagnostics" in metrics:
-        data = TextDataModule(c.data, c.model.sequence_len, c.model.vocab_size, c.train.device_batch_size, c.seed,
-                              c.cache_dir, tokenizer_dir=run.run_dir / TOKENIZER)
-        data.setup("validate")
+    data = validation_data(run) if "bpb" in metrics or "diagnostics" in metrics else None
     if "bpb" in metrics:
         val_tokens = options.val_tokens or c.eval.val_tokens
         summary["metrics"]["val/bpb"] = evaluate_bpb(model, data.val_batches(val_tokens, rank, world_size),
                                                      data.token_bytes, autocast)
         summary["val_scope"] = data.val_scope(val_tokens)
     if "core" in metrics:
-        result = evaluate_core(model, run.tokenizer, bundle, c.model.sequence_len, options.core_max_per_task,
-                               progress=lambda t, done, total: say(
-                                   f"  CORE {done}/{total} {t.label:<34} acc {t.accuracy:.4f} "
-                                   f"centered {t.centered:+.4f}", flush=True), rank=rank, world_size=world_size)
-        summary["metrics"][result.name] = result.core
-        summary["core"] = {"name": result.name, "n_tasks": result.n_tasks, "max_per_task": options.core_max_per_task,
-                           "bundle": str(bundle)}
-        files[rd.CORE_TASKS], files[rd.CORE_EXAMPLES] = [vars(t) for t in result.tasks.values()], result.examples
+        scores, summary["core"], core_files = core(model, run, bundle, options.core_max_per_task, rank, world_size,
+                                                   say)
+        summary["metrics"].update(scores)
+        files.update(core_files)
     if "diagnostics" in metrics and rank == 0:  # one batch: not worth sharing
         means, files[rd.EVAL_DIAGNOSTICS] = diagnostics(
             model, data.diagnostics_inputs(options.diag_rows or c.eval.diag_rows).to(device), autocast)
         summary["metrics"].update(means)
     if "chatcore" in metrics:
-        chat_metrics, info, tasks, examples = chatcore(run, options.chatcore, bundle, rank, world_size, say)
-        summary["metrics"].update(chat_metrics)
-        if info["sandbox"]:
-            summary["sandbox"] = info["sandbox"]
-        files[rd.CHATCORE_TASKS], files[rd.CHATCORE_EXAMPLES], files[rd.CHATCORE_INFO] = tasks, examples, info
+        scores, chat_files = chatcore(run, options.chatcore, bundle, rank, world_size, say)
+        summary["metrics"].update(scores)
+        if chat_files[rd.CHATCORE_INFO]["sandbox"]:
+            summary["sandbox"] = chat_files[rd.CHATCORE_INFO]["sandbox"]
+        files.update(chat_files)
     if world_size > 1:
         torch.distributed.destroy_process_group()
     if rank != 0:
         return None
-    out_dir = new_eval_dir(run.run_dir, run.checkpoint, run.step)
+    out_dir = new_eval_dir(run.run_dir, run.checkpoint, run.step)  # at the end: a failed evaluation leaves none
     for name, rows in files.items():
         write_rows(out_dir / name, rows)
     write_summary(out_dir, summary)
@@ -103,6 +95,28 @@ def evaluate(cfg: DictConfig) -> Path | None:
     if cfg.wandb:
         log_to_wandb(c, run, summary)
     return out_dir
+
+
+def validation_data(run: LoadedRun) -> TextDataModule:
+    """The run's validation split, through its own tokenizer."""
+    c = run.config
+    data = TextDataModule(c.data, c.model.sequence_len, c.model.vocab_size, c.train.device_batch_size, c.seed,
+                          c.cache_dir, tokenizer_dir=run.run_dir / TOKENIZER)
+    data.setup("validate")
+    return data
+
+
+def core(model, run: LoadedRun, bundle: Path, max_per_task: int | None, rank: int, world_size: int,
+         say) -> tuple[dict[str, float], dict, dict]:
+    """CORE (its name says how many tasks it covers), its record in summary.json, and its rows per task and per
+    example by file name."""
+    result = evaluate_core(model, run.tokenizer, bundle, run.config.model.sequence_len, max_per_task,
+                           progress=lambda t, done, total: say(f"  CORE {done}/{total} {t.label:<34} acc "
+                                                               f"{t.accuracy:.4f} centered {t.centered:+.4f}",
+                                                               flush=True), rank=rank, world_size=world_size)
+    record = {"name": result.name, "n_tasks": result.n_tasks, "max_per_task": max_per_task, "bundle": str(bundle)}
+    return ({result.name: result.core}, record,
+            {rd.CORE_TASKS: [vars(t) for t in result.tasks.values()], rd.CORE_EXAMPLES: result.examples})
 
 
 def join_process_group(device_setting: str) -> tuple[int, int, torch.device]:
@@ -137,9 +151,10 @@ def forward_context(precision: str, device: torch.device):
 
 
 def chatcore(run: LoadedRun, cfg: DictConfig, bundle: Path, rank: int, world_size: int,
-             say) -> tuple[dict[str, float], dict, list[dict], list[dict]]:
-    """ChatCORE (or "ChatCORE k/5") and per-task accuracies, chatcore.json's record (with the sandbox mode HumanEval
-    ran in, None without HumanEval), and the rows per task and per example; tasks without data are named, not fatal."""
+             say) -> tuple[dict[str, float], dict]:
+    """ChatCORE (or "ChatCORE k/5") and per-task accuracies, and by file name chatcore.json's record (with the
+    sandbox mode HumanEval ran in, None without HumanEval) and the rows per task and per example; tasks without data
+    are named, not fatal."""
     c = run.config
     if c.stage_name != "sft":
         say(f"note: {run.run_dir} is a {c.get('stage_name', 'base')} run; ChatCORE measures a chat (stage=sft) model")
@@ -159,7 +174,8 @@ def chatcore(run: LoadedRun, cfg: DictConfig, bundle: Path, rank: int, world_siz
     info = {"name": result.name, "n_tasks": len(result.tasks), "missing": result.missing, "tool_use": tool_use,
             "max_per_task": cfg.max_per_task, "bundle": str(bundle), "sandbox": result.sandbox}
     scores = {result.name: result.score, **{f"chat/{t.task}": t.accuracy for t in result.tasks.values()}}
-    return scores, info, [vars(t) for t in result.tasks.values()], result.examples
+    return scores, {rd.CHATCORE_TASKS: [vars(t) for t in result.tasks.values()], rd.CHATCORE_EXAMPLES: result.examples,
+                    rd.CHATCORE_INFO: info}
 
 
 def write_rows(path: Path, rows: list[dict] | dict) -> None:
