@@ -97,6 +97,12 @@ def run_train(*args, tmp_path):
     (["-m", "trainer=cpu", "trainer.devices=2", "seed=1,2"],
      "config error: multi-device training inside a local Hydra sweep"),
     (["-m", "hydra.sweep.dir=a,b"], "config error: hydra.sweep.dir=a,b: Hydra's own settings cannot be swept"),
+    (["stack=nanochat_2604", "optim.adamw.role_betas={}"],
+     "config error: optim.adamw.role_betas={} removes nothing: Hydra merges a dict override into the one there "
+     "(unembedding, embedding, value_embedding, x0_scalar); to take its entries away, pass "
+     "'~optim.adamw.role_betas.unembedding' '~optim.adamw.role_betas.embedding'"),
+    (["-m", "stack=nanochat_2604", "seed=1,2", "optim.adamw.role_weight_decay={}"],
+     "config error: optim.adamw.role_weight_decay={} removes nothing"),
 ])
 def test_bad_config_exits_before_creating_a_run_directory(args, message, tmp_path):
     result, run_dir = run_train(*args, tmp_path=tmp_path)

@@ -88,3 +88,29 @@ def test_readme_command_passes_the_preflight(entry, args, stand_ins, tmp_path, m
             raise
         pytest.skip(f"this command runs CORE during training, which needs the eval bundle, not found at {BUNDLE}")
     assert runs, "the command composed no run"
+
+
+def test_documented_commands_that_differ_run_different_jobs(stand_ins):
+    """Two documented training commands whose overrides differ (Hydra's own settings aside) compose different
+    jobs. An override that changes nothing makes its command a copy of another's: the study once ran a group
+    `'optim.adamw.role_betas={}'` that Hydra merged into the dict it was meant to empty, six runs equal to the
+    reference's to the bit."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    seen = {}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for entry, args in COMMANDS:
+            if entry != "train":
+                continue
+            overrides = parser.parse_overrides([a for a in arguments(args, stand_ins)
+                                                if a != "-m" and not a.startswith("hydra")])
+            fixed = [o.input_line for o in overrides if not o.is_sweep_override()]
+            swept = sorted(o.input_line for o in overrides if o.is_sweep_override())
+            cfg = compose("train", fixed, return_hydra_config=True)
+            jobs = (OmegaConf.to_yaml(cfg.hydra.sweeper), tuple(swept),
+                    OmegaConf.to_yaml({k: v for k, v in cfg.items() if k != "hydra"}))
+            given = frozenset(fixed + swept)
+            other = seen.setdefault(jobs, (given, args))
+            assert other[0] == given, f"these commands run the same jobs:\n  {other[1]}\n  {args}"

@@ -223,6 +223,26 @@ def test_seeds_pooled_and_paired(tmp_path):
     assert "| val/bpb | paired over seeds | −0.0040 | [−0.0065, −0.0015] | 3 seeds | yes |" in text
 
 
+def test_reruns_of_a_seed_count_once_and_are_listed(tmp_path):
+    """Two sweeps that ran the same jobs (here: a copy of seeds 1-2, as an override that changes nothing makes)
+    weigh each seed once in the arm's mean and interval, as in the paired difference, and the report lists them."""
+    main, copy = tmp_path / "main", tmp_path / "copy"
+    for seed, base, xsa in [(1, 0.850, 0.846), (2, 0.852, 0.849), (3, 0.848, 0.843)]:
+        make_run(main, f"base{seed}", alpha=0.0, seed=seed, final_bpb=base)
+        make_run(main, f"xsa{seed}", alpha=1.0, seed=seed, final_bpb=xsa)
+    make_run(copy, "xsa1", alpha=1.0, seed=1, final_bpb=0.846)
+    make_run(copy, "xsa2", alpha=1.0, seed=2, final_bpb=0.851)  # a rerun on another machine kind
+    got = numbers(build_report([main, copy], tmp_path / "out"))
+    assert got[XSA, "val/bpb", "mean_n"] == 3
+    assert got[XSA, "val/bpb", "mean"] == pytest.approx((0.846 + 0.850 + 0.843) / 3)
+    assert got[XSA, "val/bpb", "paired_delta_n"] == 3
+    text = (tmp_path / "out" / "report.md").read_text()
+    listed = text.split("## Runs of one seed in one cell (averaged in its statistics)\n\n")[1].splitlines()
+    top = tmp_path.name  # runs are named from just above the folders given
+    assert listed[:2] == [f"- d12, {XSA}, seed 1: `{top}/copy/xsa1`, `{top}/main/xsa1`: val/bpb equal to the last bit",
+                          f"- d12, {XSA}, seed 2: `{top}/copy/xsa2`, `{top}/main/xsa2`: val/bpb differing"]
+
+
 def test_partial_core_chatcore_and_bootstrap_in_report(tmp_path):
     study = tmp_path / "study"
     base = {"A": [True] * 100 + [False] * 100, "B": [True, False] * 100}

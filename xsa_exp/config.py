@@ -240,9 +240,11 @@ def compose_runs(config_name: str, overrides: list[str], conf_dir: Path, multiru
 
     def compose(args: list[str]) -> DictConfig:
         try:
-            return hydra_compose(config_name, args, return_hydra_config=True)
+            cfg = hydra_compose(config_name, args, return_hydra_config=True)
         except (HydraException, OmegaConfBaseException) as e:
             raise ConfigError(composition_error(e, args, compose)) from None
+        check_empty_dict_overrides(args, cfg)
+        return cfg
 
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         if not multirun:
@@ -265,6 +267,20 @@ def compose_runs(config_name: str, overrides: list[str], conf_dir: Path, multiru
         except HydraException as e:
             raise ConfigError(first_line(e)) from None
         return [compose(job) for job in sweep_jobs(parsed)]
+
+
+def check_empty_dict_overrides(args: list[str], cfg: DictConfig) -> None:
+    """Raise ConfigError for `key={}` on a dict that has entries: Hydra merges a dict given on the command line
+    into the one there, so the entries stay and the run would silently be the one without the override."""
+    for arg in args:
+        key, sep, value = arg.lstrip("+").partition("=")
+        if not sep or key.startswith("~") or re.fullmatch(r"\{\s*\}", value) is None:
+            continue
+        node = OmegaConf.select(cfg, key)
+        if isinstance(node, DictConfig) and len(node):
+            removals = " ".join(f"'~{key}.{name}'" for name in node)
+            raise ConfigError(f"{key}={{}} removes nothing: Hydra merges a dict override into the one there "
+                              f"({', '.join(map(str, node))}); to take its entries away, pass {removals}")
 
 
 def sweep_jobs(overrides: list) -> list[list[str]]:

@@ -137,10 +137,12 @@ class AdamWConfig:
     eps: float = key(1e-10, "AdamW epsilon", gt=0)
     weight_decay: float = key(0.0, "weight decay of the AdamW groups", ge=0)
     matrix_weight_decay: float = key(0.0, "weight decay of hidden matrices when matrix_algorithm=adamw", ge=0)
-    role_betas: Dict[str, List[float]] = key(help="betas of single AdamW roles (the keys of optim.lr), over betas",
+    role_betas: Dict[str, List[float]] = key(help="betas of single AdamW roles (the keys of optim.lr), over betas; "
+                                                  "+key.role=[b1,b2] adds one, ~key.role drops one",
                                              factory=dict)
     role_weight_decay: Dict[str, float] = key(help="weight decay of single AdamW roles (the keys of optim.lr), over "
-                                                   "weight_decay and matrix_weight_decay", factory=dict)
+                                                   "weight_decay and matrix_weight_decay; ~key.role drops one",
+                                              factory=dict)
     fused: bool = key(True, "torch's fused AdamW kernel (one pass; skips a non-finite update on the device); false: "
                             "torch's foreach path, which differs from it in the last bit (the committed study's)")
 

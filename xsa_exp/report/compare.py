@@ -17,6 +17,7 @@ from xsa_exp.report.stats import (
     Estimate,
     aggregate_of,
     bootstrap_examples,
+    by_seed,
     interaction,
     mean_ci,
     paired_difference,
@@ -98,7 +99,7 @@ def compare(runs: list[Run], baseline_alpha: float) -> list[ArmResult]:
     results = []
     for depth, arm in sorted(groups, key=order):
         arm_runs = sorted(groups[depth, arm], key=lambda r: (r.seed, r.label))
-        values = {m: mean_ci([r.finals[m] for r in arm_runs if m in r.finals]) for m in metric_names(arm_runs)}
+        values = {m: mean_ci(list(by_seed(arm_runs, m).values())) for m in metric_names(arm_runs)}
         results.append(ArmResult(depth, arm, arm_runs, arm.alpha == baseline_alpha, values=values))
     for result in results:
         result.baseline = find_baseline(result, results)

@@ -322,6 +322,19 @@ def runs_section(runs: list[Run], problems: list[Problem]) -> str:
     parts = ["## Runs", "", md_table(["run", "depth", "arm", "seed", "steps", "tokens", "final numbers (source)"], rows)
              if rows else "No complete runs.", "", "## Missing or failed runs", ""]
     parts += [f"- `{p.label}`: {p.reason}" for p in problems] or ["None."]
+    same_seed = defaultdict(list)
+    for run in runs:
+        same_seed[run.depth, run.arm.label, run.seed].append(run)
+    reruns = [(key, group) for key, group in same_seed.items() if len(group) > 1]
+    if reruns:
+        # A cell's statistics average a seed's reruns; listed so that a copy (an override that changed nothing)
+        # or a rerun on another machine kind shows.
+        parts += ["", "## Runs of one seed in one cell (averaged in its statistics)", ""]
+        for (depth, arm, seed), group in reruns:
+            bpb = {run.finals.get("val/bpb") for run in group}
+            agree = "equal to the last bit" if len(bpb) == 1 else "differing"
+            parts.append(f"- {depth}, {arm}, seed {seed}: {', '.join(f'`{r.label}`' for r in group)}: "
+                         f"val/bpb {agree}")
     return "\n".join(parts) + "\n"
 
 
