@@ -10,6 +10,8 @@ import shlex
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, REPO
@@ -95,9 +97,6 @@ def test_documented_commands_that_differ_run_different_jobs(stand_ins):
     jobs. An override that changes nothing makes its command a copy of another's: the study once ran a group
     `'optim.adamw.role_betas={}'` that Hydra merged into the dict it was meant to empty, six runs equal to the
     reference's to the bit."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parser = OverridesParser.create()
     seen = {}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
