@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 
+from tests import gloo
 from xsa_exp.eval import bundle, core
 from xsa_exp.eval.bundle import BundleError
 from xsa_exp.eval.core import CoreResult, TaskResult
@@ -402,27 +403,15 @@ def _tiny_core(bundle_dir, rank: int = 0, world_size: int = 1) -> CoreResult:
                               world_size=world_size)
 
 
-def _core_worker(rank: int, world: int, port: int, bundle_dir: str, out: str) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _core_worker(rank: int, world: int, bundle_dir: str, out: str) -> None:
     result = _tiny_core(bundle_dir, rank, world)
     torch.save({"core": result.core, "examples": result.examples}, f"{out}.{rank}")
-    dist.destroy_process_group()
 
 
 @pytest.mark.slow
 def test_two_gloo_ranks_share_the_examples_and_give_the_one_process_score_exactly(real_bundle, tmp_path):
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = str(tmp_path / "core")
-    mp.spawn(_core_worker, args=(2, port, str(real_bundle), out), nprocs=2)
+    gloo.spawn(_core_worker, str(real_bundle), out)
     alone = _tiny_core(real_bundle)
     assert len(alone.examples) == 20
     for rank in (0, 1):  # every rank has the whole result, each example scored by one of them

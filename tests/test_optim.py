@@ -3,6 +3,7 @@ import copy
 import pytest
 import torch
 
+from tests import gloo
 from tests.conftest import compose_config
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups, orthogonalize
@@ -223,16 +224,10 @@ def test_schedule_warmup_constant_warmdown_and_momentum():
     assert momenta[0] == 0.85 and momenta[20] == pytest.approx(0.90) and momenta[40:] == [pytest.approx(0.95)] * 60
 
 
-def _sharded_worker(rank: int, world: int, port: int, out: str) -> None:
-    import os
-
-    import torch.distributed as dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _sharded_worker(rank: int, world: int, out: str) -> None:
     params = _sharded_problem_steps(sharded=True)
     if rank == 1:  # the rank that did not orthogonalize matrix 0 must still end with identical weights
         torch.save([p.detach() for p in params], out)
-    dist.destroy_process_group()
 
 
 def _sharded_problem_steps(sharded: bool) -> list:
@@ -249,14 +244,8 @@ def _sharded_problem_steps(sharded: bool) -> list:
 
 @pytest.mark.slow
 def test_sharded_orthogonalization_equals_the_unsharded_update(tmp_path):
-    import socket
-
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = str(tmp_path / "rank1.pt")
-    mp.spawn(_sharded_worker, args=(2, port, out), nprocs=2)
+    gloo.spawn(_sharded_worker, out)
     expected = _sharded_problem_steps(sharded=False)
     for got, want in zip(torch.load(out), expected):
         assert torch.equal(got, want.detach())

@@ -1,0 +1,33 @@
+"""Run a function in two (or more) CPU processes joined by a gloo process group, as the tests of sharded code need.
+
+Each rank leaves with os._exit after its group is destroyed, skipping the interpreter's finalization: gloo's
+worker threads outlive destroy_process_group, and one that drops a finished async work (holding tensors with Python
+objects) only after finalization has begun is killed taking the GIL, which aborts the process ("terminate called
+without an active exception", seen once in 150 runs of the sharded-Muon test on a loaded 2-core machine, core dump
+in a gloo worker thread in ~AsyncWork).
+"""
+import os
+import socket
+import sys
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def spawn(fn, *args, world: int = 2) -> None:
+    """Call fn(rank, world, *args) in `world` processes; raises if any of them fails."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_main, args=(world, port, fn, args), nprocs=world)
+
+
+def _rank_main(rank: int, world: int, port: int, fn, args: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    fn(rank, world, *args)
+    dist.barrier()  # every rank has finished every collective before any leaves
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
