@@ -238,6 +238,23 @@ def test_an_ablation_names_only_what_each_setting_changes_and_compares_it_with_t
                       "## Δ val/bpb vs window_pattern (`model.window_pattern`)"]
 
 
+def test_a_list_valued_setting_taken_away_gets_a_trend_with_its_values_as_categories(tmp_path):
+    """A role's betas (a list) deleted in one setting: the Δ-vs-key plot places [0.96, 0.95] and None as categories
+    (matplotlib cannot place a list on an axis; the report once stopped there)."""
+    study = tmp_path / "study"
+    for name, roles, diffs in (("reference", {"x0_scalar": [0.96, 0.95]}, [-0.010, -0.012]),
+                               ("x0", {}, [0.002, 0.000])):
+        config = yaml.safe_dump({"optim": {"adamw": {"role_betas": {"embedding": [0.8, 0.995], **roles}}}})
+        for seed, diff in enumerate(diffs, 1):
+            make_run(study, f"{name}-b{seed}", seed=seed, final_bpb=0.9, config=config)
+            make_run(study, f"{name}-x{seed}", alpha=1.0, seed=seed, final_bpb=0.9 + diff, config=config)
+    report = build_report([study], tmp_path / "out")
+    text = report.read_text()
+    assert "## Δ val/bpb vs x0_scalar (`optim.adamw.role_betas.x0_scalar`)" in text
+    assert f"| {XSA} | x0_scalar=None | +0.0010 |" in text
+    assert is_png(report.parent / "plots" / "trend_x0_scalar.png")
+
+
 def test_learnable_arms_differ_by_parametrization(tmp_path):
     study = tmp_path / "study"
     make_run(study, "b", final_bpb=0.9)

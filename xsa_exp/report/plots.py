@@ -117,16 +117,19 @@ def plot_learned_alpha(depth: str, results: list[ArmResult], path: Path) -> bool
 
 def plot_trend(points: list[TrendPoint], path: Path, xlabel: str, title: str) -> None:
     """Δ val/bpb (XSA − baseline, paired over seeds, 95% CI) against a factor, one line per series; a numeric
-    factor spanning 4x or more on a log axis, a named one (a corpus) as categories."""
+    factor spanning 4x or more on a log axis, any other (a corpus, a pair of betas, a value taken away) as
+    categories named by the value."""
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
     series = defaultdict(list)
     for p in points:
         series[p.series].append(p)
+    scalar = all(isinstance(p.x, (int, float, str)) for p in points)  # matplotlib places these itself
     for label, line in sorted(series.items()):
         errors = [[0.0 if p.delta.low is None else p.delta.value - p.delta.low for p in line],
                   [0.0 if p.delta.high is None else p.delta.high - p.delta.value for p in line]]
-        ax.errorbar([p.x for p in line], [p.delta.value for p in line], yerr=errors, fmt="o-", capsize=3, label=label)
+        ax.errorbar([p.x if scalar else str(p.x) for p in line], [p.delta.value for p in line], yerr=errors,
+                    fmt="o-", capsize=3, label=label)
     ax.axhline(0, color="black", lw=0.8)
     xs = [p.x for p in points]
     if all(isinstance(x, (int, float)) and x > 0 for x in xs) and max(xs) >= 4 * min(xs):
