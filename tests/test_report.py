@@ -25,10 +25,11 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
              evals: tuple[dict, ...] = (), tokens_per_step: int = 1000, stage: str = "base",
              lr_scale: float = 1.0, n_params: int = 1000, tokens_per_sec: float | None = None,
              losses: list[float] | None = None, val_scope: dict | None = None, status: dict | None = None,
-             parametrization: str = "sigmoid", config: str = "") -> Path:
+             parametrization: str = "sigmoid", config: str = "", last_row: dict | None = None) -> Path:
     """A run directory as train.py (+ evaluate.py) leaves it: train rows every step, val at 0, half way and the
     end (ending at final_bpb), a diagnostics row at the end; `evals`: kwargs of make_eval; losses: train/loss per
-    step (train/loss_smooth then follows them); config: more of config.yaml (YAML)."""
+    step (train/loss_smooth then follows them); config: more of config.yaml (YAML); last_row: more columns of the
+    diagnostics row."""
     run = root / name
     run.mkdir(parents=True)
     xsa_layers = [] if layers == "none" else list(range(N_LAYER))
@@ -55,7 +56,8 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
             row["train/tokens_per_sec"] = tokens_per_sec
     rows += [{"step": s, "val/bpb": final_bpb + 0.5 * (1 - s / steps)} for s in (0, steps // 2, steps)]
     rows.append({"step": steps, **{f"diag/{m}/L{i}": 0.1 * (i + 1) + alpha
-                                   for m in ("attn_self_cos", "out_self_cos", "diag_attn") for i in range(N_LAYER)}})
+                                   for m in ("attn_self_cos", "out_self_cos", "diag_attn") for i in range(N_LAYER)},
+                 **(last_row or {})})
     rows.sort(key=lambda r: r["step"])
     header = sorted({k for r in rows for k in r} | {"tokens_seen"})
     with open(run / rd.METRICS, "w", newline="") as f:

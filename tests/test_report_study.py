@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.test_report import XSA, is_png, make_eval, make_run, numbers, table_row
+from tests.test_report import BASE, XSA, is_png, make_eval, make_run, numbers, table_row
 from xsa_exp import run_dir as rd
-from xsa_exp.report import band, build_report, count_spikes, load_run, relative_change, sweep_jobs
+from xsa_exp.report import band, build_report, count_spikes, load_run, mean_ci, relative_change, sweep_jobs
 
 T2, T3 = 12.7062047, 4.30265273  # t quantiles 0.975 with 1 and 2 degrees of freedom (tables)
 
@@ -303,6 +303,40 @@ def test_validation_coverage(tmp_path):
     whole_only = tmp_path / "whole"
     make_run(whole_only, "a", val_scope=whole)
     assert "Validation coverage" not in build_report([whole_only], tmp_path / "out4").read_text()
+
+
+def test_residual_scalars_are_tabulated_per_layer_with_their_change_paired_over_seeds(tmp_path):
+    """λ_resid and λ_x0 of the last row that logged them: the mean over seeds per arm, and the XSA arm's change
+    from its baseline paired over the seeds both have (the baseline's seed 3 has no partner)."""
+    x0 = {(0.0, 1): [0.10, 0.20], (0.0, 2): [0.12, 0.18], (0.0, 3): [0.50, 0.50],
+          (1.0, 1): [0.15, 0.30], (1.0, 2): [0.19, 0.26]}
+    for i, ((alpha, seed), values) in enumerate(x0.items()):
+        make_run(tmp_path / "runs", str(i), alpha=alpha, seed=seed,
+                 last_row={**{f"lambda/x0/L{layer}": v for layer, v in enumerate(values)},
+                           **{f"lambda/resid/L{layer}": 1.0 + alpha for layer in range(2)}})
+    report = build_report([tmp_path / "runs"], tmp_path / "out")
+    got, text = numbers(report), report.read_text()
+    assert got[BASE, "lambda/x0/L0", "last_mean"] == pytest.approx((0.10 + 0.12 + 0.50) / 3)
+    assert got[XSA, "lambda/x0/L1", "last_mean"] == pytest.approx(0.28)
+    assert got[XSA, "lambda/resid/L1", "last_mean"] == pytest.approx(2.0)
+    for layer, differences in ((0, [0.05, 0.07]), (1, [0.10, 0.08])):
+        expected = mean_ci(differences)
+        for statistic, value in (("", expected.value), ("_ci95_low", expected.low), ("_ci95_high", expected.high),
+                                 ("_n", 2)):
+            assert got[XSA, f"lambda/x0/L{layer}", "paired_delta" + statistic] == pytest.approx(value)
+    assert (BASE, "lambda/x0/L0", "paired_delta") not in got  # a baseline has no change from itself
+    section = text.split("### Learned residual scalars\n")[1]
+    assert table_row(section, XSA).startswith(f"| {XSA} | λ_resid | 2.000 | 2.000 |")
+    assert "| λ_x0 | +0.0600 [" in section.split("Change from the arm's baseline")[1]
+    assert is_png(report.parent / "plots" / "residual_scalars_d12.png")
+
+
+def test_runs_without_residual_scalars_get_no_section(tmp_path):
+    for alpha in (0.0, 1.0):
+        make_run(tmp_path / "runs", str(alpha), alpha=alpha)
+    report = build_report([tmp_path / "runs"], tmp_path / "out")
+    assert "Learned residual scalars" not in report.read_text()
+    assert not (report.parent / "plots" / "residual_scalars_d12.png").exists()
 
 
 def test_sweep_jobs_in_hydra_order():

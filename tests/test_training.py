@@ -243,6 +243,19 @@ def test_learnable_alpha_is_logged_as_the_model_has_it(small_cfg, tmp_path):
     assert float(row["xsa/alpha"]) == pytest.approx(alphas.mean().item(), rel=1e-6)
 
 
+def test_residual_scalars_are_logged_as_the_model_has_them(small_cfg, tmp_path):
+    from xsa_exp.run_dir import load_trained
+
+    run_dir = train(small_cfg("eval.diag_every=3"), tmp_path / "run")
+    scalars = load_trained(run_dir).model.residual_scalars()
+    assert not torch.allclose(scalars["x0"], torch.full_like(scalars["x0"], 0.1))  # learned, not the init
+    row = [r for r in read_rows(run_dir) if r.get("lambda/x0/L0")][-1]
+    assert int(row["step"]) == 6
+    for name in ("resid", "x0"):
+        for layer, value in enumerate(scalars[name].tolist()):
+            assert float(row[f"lambda/{name}/L{layer}"]) == pytest.approx(value, rel=1e-6)
+
+
 def test_fixed_alpha_runs_log_no_learned_alpha(xsa_run):
     assert not any(key.startswith("xsa/") for key in read_rows(xsa_run)[0])
     last = json.loads((xsa_run / "diagnostics.jsonl").read_text().splitlines()[-1])

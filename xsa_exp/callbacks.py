@@ -231,7 +231,9 @@ class CoreEvaluation(ScheduledEvaluation):
 class AttentionDiagnostics(ScheduledEvaluation):
     """attn_self_cos, out_self_cos, diag_attn, value_sim, attn_entropy on a fixed validation batch:
     per layer (head mean) and overall in the metrics; every head in diagnostics.jsonl, with the alpha
-    each head applies ("alpha"; learnable runs also log xsa/alpha and xsa/alpha/L{layer})."""
+    each head applies ("alpha"; learnable runs also log xsa/alpha and xsa/alpha/L{layer}). With the model's
+    residual scalars, also their values per layer (lambda/resid/L{layer}, lambda/x0/L{layer}): how much of
+    the token's own embedding each block is given back, which XSA's removal of the self direction may change."""
 
     def __init__(self, every: int, tokens_per_step: int, rows: int, run_dir):
         super().__init__(every, tokens_per_step)
@@ -250,6 +252,8 @@ class AttentionDiagnostics(ScheduledEvaluation):
         if model.config.xsa.learnable:  # what the model has learned, per layer (mean over heads; 0 where XSA is off)
             row["xsa/alpha"] = alphas.mean().item()
             row.update({f"xsa/alpha/L{layer}": heads.mean().item() for layer, heads in enumerate(alphas)})
+        for name, values in model.residual_scalars().items():
+            row.update({f"lambda/{name}/L{layer}": value for layer, value in enumerate(values.tolist())})
         return row
 
     def headline(self, key: str) -> bool:

@@ -440,6 +440,13 @@ class GPT(nn.Module):
         """The alpha of every layer and head, (n_layer, n_head): what a learnable run has learned so far."""
         return torch.stack([block.attn.head_alphas() for block in self.blocks])
 
+    def residual_scalars(self) -> dict[str, torch.Tensor]:
+        """The learned mix before each block, x = resid_lambda[i] x + x0_lambda[i] x0: {"resid": (n_layer,),
+        "x0": (n_layer,)}, or {} without model.resid_scalars."""
+        if self.resid_lambdas is None:
+            return {}
+        return {"resid": self.resid_lambdas.detach(), "x0": self.x0_lambdas.detach()}
+
     def named_param_groups(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
         """The parameters of each role in PARAM_ROLES (roles without parameters left out)."""
         groups: dict[str, list] = {role.name: [] for role in PARAM_ROLES}

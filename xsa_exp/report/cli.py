@@ -104,7 +104,9 @@ def depth_sections(results: list[cmp.ArmResult], stability: dict, plots_dir: Pat
         optional = (("Final val bpb vs α", "alpha", plots.plot_alpha),
                     ("Learned α per layer vs step (mean over seeds, band: min–max)", "learned_alpha",
                      plots.plot_learned_alpha),
-                    ("Attention diagnostics per layer (last diagnostics step)", "diagnostics", plots.plot_diagnostics))
+                    ("Attention diagnostics per layer (last diagnostics step)", "diagnostics", plots.plot_diagnostics),
+                    ("Learned residual scalars per layer (last diagnostics step)", "residual_scalars",
+                     plots.plot_residual_scalars))
         for title, prefix, plot in optional:
             if plot(depth, at_depth, plots_dir / f"{prefix}_{name}.png"):
                 made.append((title, f"{prefix}_{name}.png"))
@@ -117,6 +119,7 @@ def depth_sections(results: list[cmp.ArmResult], stability: dict, plots_dir: Pat
             *render.stability_section(depth, stability.get(depth, []), out),
             *render.learned_alpha_section(depth, at_depth, out),
             *render.diagnostics_section(depth, at_depth, out),
+            *render.residual_scalars_section(depth, at_depth, out),
             *render.mechanism_section(depth, at_depth, out),
             *render.plots_section(made)]))
     return sections

@@ -47,10 +47,22 @@ class ArmResult:
         diff = self.values[metric].value - base
         return diff, relative_change(diff, base)
 
-    def diagnostics(self, name: str) -> pd.Series:
-        """diag/{name} per layer at each run's last diagnostics step, mean over the arm's runs (empty if never
-        measured)."""
-        return pd.DataFrame([run.diagnostics(name) for run in self.runs]).mean()
+    def last_per_layer(self, prefix: str) -> pd.Series:
+        """<prefix>/L{i} per layer at each run's last row that logged it, mean over the arm's runs (empty if
+        never logged)."""
+        return pd.DataFrame([run.last_per_layer(prefix) for run in self.runs]).mean()
+
+    def layer_differences(self, prefix: str) -> dict[int, Estimate]:
+        """Per layer, <prefix>/L{i} at the last row that logged it, arm − baseline paired over the seeds both
+        have (reruns of a seed averaged); {} for a baseline or without shared seeds."""
+        if self.baseline is None:
+            return {}
+        arm, base = last_per_layer_by_seed(self.runs, prefix), last_per_layer_by_seed(self.baseline.runs, prefix)
+        seeds = sorted(arm.keys() & base.keys())
+        if not seeds:
+            return {}
+        differences = pd.DataFrame([arm[seed] - base[seed] for seed in seeds])
+        return {int(layer): mean_ci(differences[layer].dropna()) for layer in differences.columns}
 
     @property
     def n_params(self) -> int:
@@ -69,6 +81,17 @@ class ArmResult:
         mine = self.tokens_per_sec
         base = None if self.baseline is None else self.baseline.tokens_per_sec
         return None if mine is None or base is None or mine <= 0 else base / mine
+
+
+def last_per_layer_by_seed(runs: list[Run], prefix: str) -> dict[int, pd.Series]:
+    """seed -> <prefix>/L{i} per layer at the run's last row that logged it (reruns of a seed averaged; seeds
+    whose runs never logged it left out)."""
+    per_seed = defaultdict(list)
+    for run in runs:
+        values = run.last_per_layer(prefix)
+        if not values.empty:
+            per_seed[run.seed].append(values)
+    return {seed: pd.DataFrame(values).mean() for seed, values in per_seed.items()}
 
 
 def run_throughput(run: Run) -> float | None:

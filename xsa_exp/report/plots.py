@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from xsa_exp.report.compare import ArmResult, TrendPoint
-from xsa_exp.report.render import REPORTED_DIAGNOSTICS
+from xsa_exp.report.render import REPORTED_DIAGNOSTICS, RESIDUAL_SCALARS
 from xsa_exp.report.stats import band
 
 
@@ -45,24 +45,36 @@ def plot_curves(depth: str, results: list[ArmResult], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def plot_diagnostics(depth: str, results: list[ArmResult], path: Path) -> bool:
-    """Per-layer diagnostics of the last diagnostics row, mean over each arm's seeds; False if none were logged."""
-    fig = Figure(figsize=(4.3 * len(REPORTED_DIAGNOSTICS), 4), layout="constrained")
-    axes = fig.subplots(1, len(REPORTED_DIAGNOSTICS))
+def plot_per_layer(depth: str, results: list[ArmResult], path: Path, panels: dict[str, str]) -> bool:
+    """One panel per logged prefix (prefix -> title): <prefix>/L{i} of each run's last row that logged it
+    against the layer, mean over each arm's seeds; False if none was logged."""
+    fig = Figure(figsize=(4.3 * len(panels), 4), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
     plotted = False
-    for ax, name in zip(axes, REPORTED_DIAGNOSTICS):
+    for ax, (prefix, title) in zip(axes, panels.items()):
         for i, result in enumerate(results):
-            per_layer = result.diagnostics(name)
+            per_layer = result.last_per_layer(prefix)
             if not per_layer.empty:
                 ax.plot(per_layer.index, per_layer.to_numpy(), "o-", color=f"C{i % 10}", label=result.arm.label)
                 plotted = True
-        ax.set(title=f"{depth}: {name}", xlabel="layer")
+        ax.set(title=f"{depth}: {title}", xlabel="layer")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     if plotted:
         axes[0].legend(fontsize=8)
         fig.savefig(path, dpi=110)
     return plotted
+
+
+def plot_diagnostics(depth: str, results: list[ArmResult], path: Path) -> bool:
+    """Per-layer diagnostics of the last diagnostics row, mean over each arm's seeds; False if none were logged."""
+    return plot_per_layer(depth, results, path, {f"diag/{name}": name for name in REPORTED_DIAGNOSTICS})
+
+
+def plot_residual_scalars(depth: str, results: list[ArmResult], path: Path) -> bool:
+    """The learned λ_resid and λ_x0 per layer at the last diagnostics row, mean over each arm's seeds; False if
+    no run logged them."""
+    return plot_per_layer(depth, results, path, RESIDUAL_SCALARS)
 
 
 def plot_alpha(depth: str, results: list[ArmResult], path: Path) -> bool:

@@ -15,6 +15,8 @@ from xsa_exp.report.stats import RELATIVE_MIN_BASELINE, SPIKE_RISE, WARMUP_FRACT
 
 # The attention diagnostics the report tabulates and plots per layer (xsa_exp.eval.diagnostics has them all).
 REPORTED_DIAGNOSTICS = ("attn_self_cos", "out_self_cos", "diag_attn", "attn_entropy")
+# The learned residual scalars (x = λ_resid[i]·x + λ_x0[i]·x0 before block i), as the diagnostics log them.
+RESIDUAL_SCALARS = {"lambda/resid": "λ_resid", "lambda/x0": "λ_x0"}
 
 
 class Numbers(list):
@@ -208,7 +210,7 @@ def diagnostics_section(depth: str, results: list[ArmResult], out: Numbers) -> l
     """Per arm and layer, each reported diagnostic at the runs' last diagnostics step, mean over seeds."""
     table = []
     for r in results:
-        per_layer = {name: r.diagnostics(name) for name in REPORTED_DIAGNOSTICS}
+        per_layer = {name: r.last_per_layer(f"diag/{name}") for name in REPORTED_DIAGNOSTICS}
         if all(values.empty for values in per_layer.values()):
             continue
         cells = [r.arm.label]
@@ -228,6 +230,36 @@ def diagnostics_section(depth: str, results: list[ArmResult], out: Numbers) -> l
             "seeds: attn_self_cos = cos(y_i, v_i), out_self_cos = cos(z_i, v_i) (≈ 0 where α = 1), diag_attn = a_ii, "
             "attn_entropy in nats.", "",
             md_table(["arm", *REPORTED_DIAGNOSTICS], table), ""]
+
+
+def residual_scalars_section(depth: str, results: list[ArmResult], out: Numbers) -> list[str]:
+    """Per arm and layer, the learned λ_resid and λ_x0 at the runs' last diagnostics step (mean over seeds),
+    and each arm's change from its baseline, paired over seeds."""
+    values, changes = [], []
+    for r in results:
+        for prefix, name in RESIDUAL_SCALARS.items():
+            per_layer = r.last_per_layer(prefix)
+            if per_layer.empty:
+                continue
+            for layer, value in per_layer.items():
+                out.add(depth, r.arm.label, f"{prefix}/L{layer}", "last_mean", float(value))
+            values.append([r.arm.label, name, *(num(v, 3) for v in per_layer)])
+            differences = r.layer_differences(prefix)
+            for layer, e in differences.items():
+                out.estimate(depth, r.arm.label, f"{prefix}/L{layer}", "paired_delta", e)
+            if differences:
+                changes.append([r.arm.label, name, *(fmt_difference(e) for e in differences.values())])
+    if not values:
+        return []
+    layers = max(len(row) for row in values) - 2
+    parts = ["### Learned residual scalars", "",
+             "x = λ_resid[i]·x + λ_x0[i]·x0 before block i (x0: the normed token embedding): each run's values at "
+             "its last diagnostics step, mean over seeds.", "",
+             md_table(["arm", "scalar", *(f"layer {i}" for i in range(layers))], values), ""]
+    if changes:
+        parts += ["Change from the arm's baseline, paired over seeds (95% CI):", "",
+                  md_table(["arm", "scalar", *(f"Δ layer {i}" for i in range(layers))], changes), ""]
+    return parts
 
 
 def mechanism_section(depth: str, results: list[ArmResult], out: Numbers) -> list[str]:

@@ -86,9 +86,10 @@ class Run:
                  if (m := re.fullmatch(rf"{re.escape(prefix)}/L(\d+)", c))}
         return dict(sorted(found.items()))
 
-    def diagnostics(self, name: str) -> pd.Series:
-        """diag/{name}/L{i} of the last diagnostics row, indexed by layer (empty if never measured)."""
-        layers = self.layer_columns(f"diag/{name}")
+    def last_per_layer(self, prefix: str) -> pd.Series:
+        """<prefix>/L{i} of the last row that logged them (diag/attn_self_cos, lambda/x0, ...), indexed by layer
+        (empty if never logged)."""
+        layers = self.layer_columns(prefix)
         columns = list(layers.values())
         rows = self.metrics[columns][self.logged[columns].any(axis=1)]
         if rows.empty:
