@@ -59,6 +59,7 @@ def test_depth_presets_have_the_study_sizes():
     ("xsa.eps=-1", "xsa.eps=-1 must be > 0"),
     ("optim.lr_scale=0", "optim.lr_scale=0 must be > 0"),
     ("eval.val_tokens=0", "eval.val_tokens=0 must be a positive integer"),
+    ("optim.schedule.warmup_steps=100000", "optim.schedule.warmup_steps=100000 + the warmdown"),
 ])
 def test_bad_values_raise_one_line_naming_the_key(override, message):
     with pytest.raises(ConfigError) as info:

@@ -243,6 +243,20 @@ def test_learnable_alpha_is_logged_as_the_model_has_it(small_cfg, tmp_path):
     assert float(row["xsa/alpha"]) == pytest.approx(alphas.mean().item(), rel=1e-6)
 
 
+def test_a_schedule_longer_than_the_run_fails_before_the_run_is_written(small_cfg, tmp_path):
+    """With the run's length known only once its data is (train.target_tokens), the warmup is checked before the
+    run's files are written, so the corrected run can take the same directory."""
+    from xsa_exp import run_dir as rd
+
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"optim.schedule.warmup_steps=40 \+ the warmdown \(\d+ steps\) exceed the "
+                                          r"run's 4 steps"):
+        train(small_cfg("train.max_steps=null", "train.target_tokens=2048", "optim.schedule.warmup_steps=40"), run)
+    assert not (run / rd.CONFIG).exists()
+    train(small_cfg("train.max_steps=null", "train.target_tokens=2048", "optim.schedule.warmup_steps=0"), run)
+    assert rd.read_status(run)["status"] == "completed"
+
+
 def test_residual_scalars_are_logged_as_the_model_has_them(small_cfg, tmp_path):
     from xsa_exp.run_dir import load_trained
 

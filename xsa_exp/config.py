@@ -72,6 +72,8 @@ def validate(cfg: DictConfig) -> None:
     check_embedded_vocab(cfg.data.name, cfg.model.vocab_size)
     check_xsa(cfg.xsa, cfg.model)
     check_optim(cfg.optim)
+    if cfg.train.max_steps:  # else it is known once the model or the data is (training checks it then)
+        check_schedule(cfg.train.max_steps, cfg.optim.schedule.warmup_steps, cfg.optim.schedule.warmdown_frac)
     devices = cfg.trainer.devices
     if not (devices in ("auto", -1) or isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1):
         raise ConfigError(f"trainer.devices={fmt(devices)} is not a device count; "
@@ -140,6 +142,16 @@ def check_optim(o: DictConfig) -> None:
             raise ConfigError(f"optim.adamw.{key_name}: unknown role {unknown[0]!r}; roles: {', '.join(sorted(roles))}")
         if key_name == "role_weight_decay" and any(wd < 0 for wd in o.adamw[key_name].values()):
             raise ConfigError(f"optim.adamw.role_weight_decay={fmt(o.adamw[key_name])}: weight decay must be >= 0")
+
+
+def check_schedule(total_steps: int, warmup_steps: int, warmdown_frac: float) -> int:
+    """The lr warmup and warmdown must fit in the run's updates; returns the warmdown's length in updates."""
+    warmdown_steps = round(warmdown_frac * total_steps)
+    if warmup_steps + warmdown_steps > total_steps:
+        raise ConfigError(f"optim.schedule.warmup_steps={warmup_steps} + the warmdown ({warmdown_steps} steps) "
+                          f"exceed the run's {total_steps} steps; shorten the warmup (e.g. "
+                          "optim.schedule.warmup_steps=0)")
+    return warmdown_steps
 
 
 def check_packages(cfg: DictConfig) -> None:

@@ -27,7 +27,7 @@ from xsa_exp.callbacks import (
     ValidationBPB,
 )
 from xsa_exp.cluster import cluster_plugins, device_peak_flops, export_submitit_local_ranks
-from xsa_exp.config import ConfigError, grad_accumulation, world_size
+from xsa_exp.config import ConfigError, check_schedule, grad_accumulation, world_size
 from xsa_exp.console import quiet_libraries, quiet_wandb_logger, wandb_offline
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.eval.bundle import require_bundle
@@ -147,6 +147,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
                                 cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER)
     arm = Arm.run_keys_of(cfg)
     run = describe_run(cfg, run_dir, model, resolve_max_steps(cfg.train, model, datamodule), base, arm)
+    # before the run's files are written: a run that fails this check leaves nothing that blocks its rerun
+    check_schedule(run["max_steps"], cfg.optim.schedule.warmup_steps, cfg.optim.schedule.warmdown_frac)
     print_start(model, cfg, run)
     if accelerator_is_cuda(cfg.trainer):
         warn_if_it_will_not_fit(model, cfg)

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from xsa_exp.errors import ConfigError
+from xsa_exp.config import check_schedule
 
 
 class OptimizerSchedule(torch.optim.lr_scheduler.LRScheduler):
@@ -19,11 +19,7 @@ class OptimizerSchedule(torch.optim.lr_scheduler.LRScheduler):
                  momentum_warmdown: float | None = None, weight_decay_schedule: str = "constant"):
         self.total_steps = total_steps
         self.warmup_steps = warmup_steps
-        self.warmdown_steps = round(warmdown_frac * total_steps)
-        if warmup_steps + self.warmdown_steps > total_steps:
-            raise ConfigError(f"optim.schedule.warmup_steps={warmup_steps} + the warmdown ({self.warmdown_steps} "
-                              f"steps) exceed the run's {total_steps} steps; shorten the warmup "
-                              "(e.g. optim.schedule.warmup_steps=0)")
+        self.warmdown_steps = check_schedule(total_steps, warmup_steps, warmdown_frac)
         self.final_lr_frac = final_lr_frac
         self.momentum_start, self.momentum_end = momentum_start, momentum_end
         self.momentum_warmup_steps = momentum_warmup_steps
