@@ -18,7 +18,8 @@ from xsa_exp.run_dir import read_status
 # The tiny preset at one thread: an attempt starts in about 8 s here and trains about an update a second until the
 # signal at 30 s (the local executor's fixed signal_delay_s before the 1-minute limit), so 32 updates span one
 # signal with a margin for a faster machine and finish in two attempts; one more process on the machine
-# (pytest-xdist's other worker) makes it three or four, within submitit's six.
+# (pytest-xdist's other worker) makes it three or four. Two DDP ranks start slower: on a Zen 3 VM with the other
+# worker busy an attempt trained 2-5 updates, and 32 needed 8 attempts.
 TASKS = {1: ["train.max_steps=32", "eval.every=16"],
          2: ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "train.device_batch_size=4",
              "train.max_steps=32", "eval.every=16"]}
@@ -35,10 +36,10 @@ def test_time_limited_submitit_job_requeues_and_finishes_bit_identical(tmp_path,
     reference = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'reference'}", *args],
                                cwd=REPO, capture_output=True, text=True, timeout=600)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    # max_num_timeout: requeues allowed for time limits (the local executor's default is 3; it starts 6 attempts
-    # at most), so a slow or busy machine needs more attempts, never a different result.
+    # max_num_timeout: requeues allowed for time limits (the local executor's default is 3), so that a slow or busy
+    # machine needs more attempts (about 36 s each), never a different result.
     job = subprocess.Popen([sys.executable, "train.py", "-m", "hydra/launcher=submitit_local",
-                            "hydra.launcher.timeout_min=1", "+hydra.launcher.max_num_timeout=5",
+                            "hydra.launcher.timeout_min=1", "+hydra.launcher.max_num_timeout=12",
                             f"hydra.launcher.tasks_per_node={tasks}",
                             f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=job", *args],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
