@@ -1,10 +1,15 @@
-"""A time-limited job through the real launcher: hydra-submitit-launcher's local executor signals it
-(SIGUSR2, 30 s before its 1-minute limit), the run checkpoints, submitit requeues it, and the requeued
-job resumes and completes with every logged row and weight of an uninterrupted run."""
+"""A signalled job through the real launcher: hydra-submitit-launcher's local executor runs it, the test sends its
+tasks SIGUSR2 (what submitit sends before a time limit, or at preemption) once training is under way, the run
+checkpoints, submitit requeues it, and the requeued job resumes and completes with every logged row and weight of an
+uninterrupted run."""
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,35 +20,63 @@ from tests.test_resume import final_weights, rows
 from xsa_exp.cluster import available_cpus, cluster_plugins
 from xsa_exp.run_dir import read_status
 
-# The tiny preset at one thread: an attempt starts in about 8 s here and trains about an update a second until the
-# signal at 30 s (the local executor's fixed signal_delay_s before the 1-minute limit), so 32 updates span one
-# signal with a margin for a faster machine and finish in two attempts; one more process on the machine
-# (pytest-xdist's other worker) makes it three or four. Two DDP ranks start slower: on a Zen 3 VM with the other
-# worker busy an attempt trained 2-5 updates, and 32 needed 8 attempts.
-TASKS = {1: ["train.max_steps=32", "eval.every=16"],
-         2: ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "train.device_batch_size=4",
-             "train.max_steps=32", "eval.every=16"]}
-COMMON = ["train.cpu_threads=1", "logger=csv", "eval.diag_every=8", "resume=auto"]
+# Two DDP ranks of the tiny preset at one thread each train an update in 0.5-2.5 s (by the machine and its load), so
+# the signal, sent at the console line of update 2, comes with 10 updates left on any machine. The test sends it
+# rather than waiting for the executor's time limit: how far an attempt gets before a time limit depends on the
+# machine's speed, and the local executor restarts a job at most 6 times whatever max_num_timeout says. One task
+# per device as on SLURM; a one-task job takes the same path as rank 0 here, without the broadcast.
+STEPS = 12
+ARGS = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "train.device_batch_size=4",
+        f"train.max_steps={STEPS}", "eval.every=6", "eval.val_tokens=4096", "eval.diag_every=3", "log.print_every=2",
+        "train.cpu_threads=1", "logger=csv", "resume=auto"]
+
+
+def job_tasks(sweep: Path) -> list[int]:
+    """The process ids of the tasks of the submitit job in `sweep` (each runs `submitit.core._submit <folder>`)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or one that has exited
+            continue
+        if b"submitit.core._submit" in argv and any(str(sweep).encode() in a for a in argv):
+            pids.append(int(proc.name))
+    return pids
+
+
+def signal_when_training(job: subprocess.Popen, sweep: Path, at_step: int) -> None:
+    """Send SIGUSR2 to both tasks once the job's console shows update `at_step`."""
+    pattern = re.compile(rf"step +(\d+)/{STEPS} \| loss")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and job.poll() is None:
+        logs = "".join(p.read_text() for p in sweep.glob(".submitit/*/*_0_log.*"))
+        if any(int(step) >= at_step for step in pattern.findall(logs)):
+            pids = job_tasks(sweep)
+            assert len(pids) == 2, f"expected 2 task processes, found {pids}"
+            for pid in pids:
+                os.kill(pid, signal.SIGUSR2)
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the job never logged update {at_step}: {job.communicate()[0][-3000:]}")
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("submitit")  # one at a time: each attempt's progress depends on the machine's load
-@pytest.mark.parametrize("tasks", [1, 2])
-def test_time_limited_submitit_job_requeues_and_finishes_bit_identical(tmp_path, tasks):
+def test_signalled_two_rank_submitit_job_requeues_and_finishes_bit_identical(tmp_path):
     sweep = tmp_path / "sweep"
-    args = [*TASKS[tasks], *COMMON]
-    # First, so that it does not slow the job's attempts: the uninterrupted run.
-    reference = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'reference'}", *args],
+    reference = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'reference'}", *ARGS],
                                cwd=REPO, capture_output=True, text=True, timeout=600)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    # max_num_timeout: requeues allowed for time limits (the local executor's default is 3), so that a slow or busy
-    # machine needs more attempts (about 36 s each), never a different result.
     job = subprocess.Popen([sys.executable, "train.py", "-m", "hydra/launcher=submitit_local",
-                            "hydra.launcher.timeout_min=1", "+hydra.launcher.max_num_timeout=12",
-                            f"hydra.launcher.tasks_per_node={tasks}",
-                            f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=job", *args],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output = job.communicate(timeout=600)[0]
+                            "hydra.launcher.tasks_per_node=2",
+                            f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=job", *ARGS],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        signal_when_training(job, sweep, at_step=2)
+        output = job.communicate(timeout=600)[0]
+    finally:
+        if job.poll() is None:  # a failed test leaves no launcher, controller or task behind
+            os.killpg(job.pid, signal.SIGKILL)
     assert job.returncode == 0, output[-3000:]
 
     run_dir = sweep / "job"
