@@ -45,9 +45,9 @@ def job_tasks(sweep: Path) -> list[int]:
 
 
 def signal_when_training(job: subprocess.Popen, sweep: Path, at_step: int) -> None:
-    """Send SIGUSR2 to both tasks once the job's console shows update `at_step`."""
+    """Send SIGUSR2 to both tasks once the job's console (submitit's log files) shows update `at_step`."""
     pattern = re.compile(rf"step +(\d+)/{STEPS} \| loss")
-    deadline = time.monotonic() + 300
+    deadline, logs = time.monotonic() + 300, ""
     while time.monotonic() < deadline and job.poll() is None:
         logs = "".join(p.read_text() for p in sweep.glob(".submitit/*/*_0_log.*"))
         if any(int(step) >= at_step for step in pattern.findall(logs)):
@@ -57,7 +57,7 @@ def signal_when_training(job: subprocess.Popen, sweep: Path, at_step: int) -> No
                 os.kill(pid, signal.SIGUSR2)
             return
         time.sleep(0.1)
-    pytest.fail(f"the job never logged update {at_step}: {job.communicate()[0][-3000:]}")
+    pytest.fail(f"the job never logged update {at_step}: {logs[-3000:]}")
 
 
 @pytest.mark.slow
@@ -66,18 +66,19 @@ def test_signalled_two_rank_submitit_job_requeues_and_finishes_bit_identical(tmp
     reference = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'reference'}", *ARGS],
                                cwd=REPO, capture_output=True, text=True, timeout=600)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    job = subprocess.Popen([sys.executable, "train.py", "-m", "hydra/launcher=submitit_local",
-                            "hydra.launcher.tasks_per_node=2",
-                            f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=job", *ARGS],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+    launcher_log = tmp_path / "launcher.log"  # a file, not a pipe: nothing reads the launcher while the test waits
+    with open(launcher_log, "w") as log:
+        job = subprocess.Popen([sys.executable, "train.py", "-m", "hydra/launcher=submitit_local",
+                                "hydra.launcher.tasks_per_node=2",
+                                f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=job", *ARGS],
+                               cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         signal_when_training(job, sweep, at_step=2)
-        output = job.communicate(timeout=600)[0]
+        job.wait(timeout=600)
     finally:
         if job.poll() is None:  # a failed test leaves no launcher, controller or task behind
             os.killpg(job.pid, signal.SIGKILL)
-    assert job.returncode == 0, output[-3000:]
+    assert job.returncode == 0, launcher_log.read_text()[-3000:]
 
     run_dir = sweep / "job"
     logs = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_0_log.*"))
