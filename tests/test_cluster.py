@@ -44,7 +44,7 @@ def job_tasks(sweep: Path) -> list[int]:
     return pids
 
 
-def signal_when_training(job: subprocess.Popen, sweep: Path, at_step: int) -> None:
+def signal_when_training(job: subprocess.Popen, sweep: Path, launcher_log: Path, at_step: int) -> None:
     """Send SIGUSR2 to both tasks once the job's console (submitit's log files) shows update `at_step`."""
     pattern = re.compile(rf"step +(\d+)/{STEPS} \| loss")
     deadline, logs = time.monotonic() + 300, ""
@@ -57,7 +57,8 @@ def signal_when_training(job: subprocess.Popen, sweep: Path, at_step: int) -> No
                 os.kill(pid, signal.SIGUSR2)
             return
         time.sleep(0.1)
-    pytest.fail(f"the job never logged update {at_step}: {logs[-3000:]}")
+    # A job that failed before submitit started its tasks says why in the launcher's output, not in submitit's logs.
+    pytest.fail(f"the job never logged update {at_step}:\n{launcher_log.read_text()[-2000:]}\n{logs[-3000:]}")
 
 
 @pytest.mark.slow
@@ -73,7 +74,7 @@ def test_signalled_two_rank_submitit_job_requeues_and_finishes_bit_identical(tmp
                                 f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=job", *ARGS],
                                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        signal_when_training(job, sweep, at_step=2)
+        signal_when_training(job, sweep, launcher_log, at_step=2)
         job.wait(timeout=600)
     finally:
         if job.poll() is None:  # a failed test leaves no launcher, controller or task behind
