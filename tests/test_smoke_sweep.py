@@ -63,3 +63,19 @@ def test_multi_device_jobs_are_refused_under_joblib(tmp_path):
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and not (tmp_path / "sweep").exists()
     assert result.stderr.startswith("config error: multi-device training inside a local Hydra sweep is not supported")
+
+
+def test_a_sweep_started_again_into_its_directory_is_refused_before_any_job(tmp_path):
+    """Each job would refuse its own finished directory; the preflight refuses the whole sweep first, with one
+    line, and touches nothing (a sweep relaunched by hand or by a queue script into the directory it filled)."""
+    sweep = tmp_path / "sweep"
+    (sweep / "1").mkdir(parents=True)
+    saved = sweep / "1" / "config.yaml"
+    saved.write_text("seed: 2\n")
+    result = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=joblib", "seed=1,2",
+                             f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr == (f"config error: hydra.sweep.dir={sweep} already holds runs (job 1's directory "
+                             f"{sweep / '1'} is one); nothing was overwritten — choose a new hydra.sweep.dir, or add "
+                             "resume=auto to continue them\n")
+    assert sorted(p.name for p in sweep.iterdir()) == ["1"] and saved.read_text() == "seed: 2\n"

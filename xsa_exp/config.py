@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from xsa_exp import run_dir as rd
@@ -394,9 +394,29 @@ def preflight(config_name: str, argv: list[str], conf_dir: Path) -> list[DictCon
                               "hydra.launcher.tasks_per_node=<devices>, or on a cluster with hydra/launcher=slurm")
         for cfg in runs:
             check_submitit_job(cfg)
+        check_sweep_directory(runs)
     for cfg in runs:
         (validate if config_name == "train" else validate_evaluate)(cfg)
     return runs
+
+
+def check_sweep_directory(runs: list[DictConfig]) -> None:
+    """A sweep started again into a directory that holds its finished or running jobs: refuse it whole, before
+    Hydra launches anything, instead of each job refusing its own directory (the runs are never touched)."""
+    for num, cfg in enumerate(runs):
+        if cfg.resume == "auto":
+            continue  # each job continues the run it finds, or skips it if complete
+        hydra_cfg = OmegaConf.masked_copy(cfg, ["hydra"]).hydra
+        with open_dict(hydra_cfg):
+            hydra_cfg.job.num = num  # Hydra numbers a sweep's jobs in the order the basic sweeper makes them
+        try:
+            job_dir = Path(hydra_cfg.sweep.dir) / str(hydra_cfg.sweep.subdir)
+        except OmegaConfBaseException:
+            return  # a directory resolved only inside the job (Hydra's runtime resolvers); the job checks it
+        if (job_dir / rd.CONFIG).exists():
+            raise ConfigError(f"hydra.sweep.dir={hydra_cfg.sweep.dir} already holds runs (job {num}'s directory "
+                              f"{job_dir} is one); nothing was overwritten — choose a new hydra.sweep.dir, or add "
+                              "resume=auto to continue them")
 
 
 def check_submitit_job(cfg: DictConfig) -> None:
