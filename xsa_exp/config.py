@@ -409,12 +409,13 @@ def check_sweep_directory(runs: list[DictConfig]) -> None:
         hydra_cfg = OmegaConf.masked_copy(cfg, ["hydra"]).hydra
         with open_dict(hydra_cfg):
             hydra_cfg.job.num = num  # Hydra numbers a sweep's jobs in the order the basic sweeper makes them
-        try:
-            job_dir = Path(hydra_cfg.sweep.dir) / str(hydra_cfg.sweep.subdir)
+        try:  # resolved once: a ${now:...} in the directory would give another name each time
+            sweep_dir, subdir = hydra_cfg.sweep.dir, str(hydra_cfg.sweep.subdir)
         except OmegaConfBaseException:
             return  # a directory resolved only inside the job (Hydra's runtime resolvers); the job checks it
+        job_dir = Path(sweep_dir) / subdir
         if (job_dir / rd.CONFIG).exists():
-            raise ConfigError(f"hydra.sweep.dir={hydra_cfg.sweep.dir} already holds runs (job {num}'s directory "
+            raise ConfigError(f"hydra.sweep.dir={sweep_dir} already holds runs (job {num}'s directory "
                               f"{job_dir} is one); nothing was overwritten — choose a new hydra.sweep.dir, or add "
                               "resume=auto to continue them")
 
