@@ -1,8 +1,8 @@
-"""Every `python train.py` and `python evaluate.py` (or `torchrun ... evaluate.py`) command in the code blocks of
-the README and of the study's results (docs/results/README.md), and in the experiment presets' comments, composes
-and passes the preflight (every key, value and sweep job checked, data files included), with local stand-ins for
-what a user's machine has: a ClimbMix mirror (empty shard files under the real names), a folder of jsonl files, a
-finished base run for the SFT commands. So a documented command cannot drift from the configs."""
+"""Every `python train.py` and `python evaluate.py` (or `torchrun ... evaluate.py`) command in the code blocks and
+inline code of the README and of the study's results (docs/results/README.md), and in the experiment presets'
+comments, composes and passes the preflight (every key, value and sweep job checked, data files included), with
+local stand-ins for what a user's machine has: a ClimbMix mirror (empty shard files under the real names), a folder
+of jsonl files, a finished base run for the SFT commands. So a documented command cannot drift from the configs."""
 
 import os
 import re
@@ -25,9 +25,11 @@ COMMAND = re.compile(r"(?:python|torchrun(?: --\S+)*) (train|evaluate)\.py((?:[^
 
 def readme_commands() -> list[tuple[str, str]]:
     """(entry point, argument string) of each command, continuation lines joined, comments dropped: the code
-    blocks of the two READMEs, and the commands in the experiment presets' comments ("#   python ...")."""
+    blocks and inline code of the two READMEs, and the commands in the experiment presets' comments
+    ("#   python ...")."""
     text = (REPO / "README.md").read_text() + (REPO / "docs" / "results" / "README.md").read_text()
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    blocks += re.findall(r"(?<!`)`((?:python|torchrun) [^`\n]*)`", re.sub(r"```.*?```", "", text, flags=re.S))
     for preset in sorted((CONF_DIR / "experiment").glob("*.yaml")):
         blocks.append("\n".join(line[4:] for line in preset.read_text().splitlines() if line.startswith("#   ")))
     commands = []
