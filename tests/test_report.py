@@ -25,11 +25,12 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
              evals: tuple[dict, ...] = (), tokens_per_step: int = 1000, stage: str = "base",
              lr_scale: float = 1.0, n_params: int = 1000, tokens_per_sec: float | None = None,
              losses: list[float] | None = None, val_scope: dict | None = None, status: dict | None = None,
-             parametrization: str = "sigmoid", config: str = "", last_row: dict | None = None) -> Path:
+             parametrization: str = "sigmoid", config: str = "", last_row: dict | None = None,
+             val_bpb: dict[int, float] | None = None) -> Path:
     """A run directory as train.py (+ evaluate.py) leaves it: train rows every step, val at 0, half way and the
     end (ending at final_bpb), a diagnostics row at the end; `evals`: kwargs of make_eval; losses: train/loss per
     step (train/loss_smooth then follows them); config: more of config.yaml (YAML); last_row: more columns of the
-    diagnostics row."""
+    diagnostics row; val_bpb: step -> val/bpb instead of the three default validations."""
     run = root / name
     run.mkdir(parents=True)
     xsa_layers = [] if layers == "none" else list(range(N_LAYER))
@@ -54,7 +55,9 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
     if tokens_per_sec is not None:
         for row in rows:
             row["train/tokens_per_sec"] = tokens_per_sec
-    rows += [{"step": s, "val/bpb": final_bpb + 0.5 * (1 - s / steps)} for s in (0, steps // 2, steps)]
+    if val_bpb is None:
+        val_bpb = {s: final_bpb + 0.5 * (1 - s / steps) for s in (0, steps // 2, steps)}
+    rows += [{"step": s, "val/bpb": bpb} for s, bpb in val_bpb.items()]
     rows.append({"step": steps, **{f"diag/{m}/L{i}": 0.1 * (i + 1) + alpha
                                    for m in ("attn_self_cos", "out_self_cos", "diag_attn") for i in range(N_LAYER)},
                  **(last_row or {})})
@@ -223,6 +226,43 @@ def test_seeds_pooled_and_paired(tmp_path):
     assert got[XSA, "val/bpb", "paired_delta_ci95_high"] == pytest.approx(-0.004 + half, rel=1e-3)
     text = (tmp_path / "out" / "report.md").read_text()
     assert "| val/bpb | paired over seeds | −0.0040 | [−0.0065, −0.0015] | 3 seeds | yes |" in text
+
+
+def test_val_bpb_difference_at_every_validation_step_is_paired_over_the_seeds_that_logged_it(tmp_path):
+    study = tmp_path / "study"
+    base = {1: (1.50, 1.30, 1.20), 2: (1.52, 1.31, 1.22), 3: (1.49, 1.29, 1.21)}
+    xsa = {1: (1.53, 1.31, 1.20), 2: (1.56, 1.33, 1.23), 3: (1.51, None, 1.20)}  # seed 3 skipped the step-10 validation
+    for seed in (1, 2, 3):
+        make_run(study, f"base{seed}", seed=seed, val_bpb=dict(zip((5, 10, 20), base[seed])))
+        make_run(study, f"xsa{seed}", alpha=1.0, seed=seed,
+                 val_bpb={s: v for s, v in zip((5, 10, 20), xsa[seed]) if v is not None})
+    make_run(study, "xsa4", alpha=1.0, seed=4, val_bpb={5: 9.0, 10: 9.0, 20: 9.0})  # no baseline partner
+    report = build_report([study], tmp_path / "out")
+    got = numbers(report)
+
+    early = [0.03, 0.04, 0.02]  # step 5: mean 0.03, sd 0.01
+    assert got[XSA, "val/bpb", "paired_delta_step_5"] == pytest.approx(0.03)
+    assert got[XSA, "val/bpb", "paired_delta_step_5_ci95_high"] == pytest.approx(
+        0.03 + 4.303 * np.std(early, ddof=1) / math.sqrt(3), rel=1e-3)
+    assert got[XSA, "val/bpb", "paired_delta_step_10_n"] == 2
+    assert got[XSA, "val/bpb", "paired_delta_step_10"] == pytest.approx(0.015)
+    assert got[XSA, "val/bpb", "paired_delta_step_20"] == pytest.approx(got[XSA, "val/bpb", "paired_delta"])
+    assert (BASE, "val/bpb", "paired_delta_step_5") not in got
+    text = report.read_text()
+    assert f"| step | Δ {XSA} |" in text
+    assert "| 5 | +0.0300 [+0.0052, +0.0548] (3 seeds) |" in text
+    assert "| 10 | +0.0150 [−0.0485, +0.0785] (2 seeds) |" in text
+    assert is_png(report.parent / "plots" / "delta_by_step_d12.png") and "](plots/delta_by_step_d12.png)" in text
+
+
+def test_runs_that_validated_once_have_no_val_bpb_by_step_section(tmp_path):
+    study = tmp_path / "study"
+    for seed in (1, 2):
+        make_run(study, f"base{seed}", seed=seed, val_bpb={20: 1.2 + 0.01 * seed})
+        make_run(study, f"xsa{seed}", alpha=1.0, seed=seed, val_bpb={20: 1.21 + 0.01 * seed})
+    report = build_report([study], tmp_path / "out")
+    assert "during training" not in report.read_text() and not list((report.parent / "plots").glob("delta_by_step*"))
+    assert numbers(report)[XSA, "val/bpb", "paired_delta"] == pytest.approx(0.01)
 
 
 def test_reruns_of_a_seed_count_once_and_are_listed(tmp_path):

@@ -101,7 +101,9 @@ def depth_sections(results: list[cmp.ArmResult], stability: dict, plots_dir: Pat
         name = render.slug(depth)
         plots.plot_curves(depth, at_depth, plots_dir / f"curves_{name}.png")
         made = [("Training curves (mean over seeds, band: min–max over seeds)", f"curves_{name}.png")]
-        optional = (("Final val bpb vs α", "alpha", plots.plot_alpha),
+        optional = (("Δ val bpb during training (paired over seeds, band: 95% CI)", "delta_by_step",
+                     plots.plot_val_bpb_by_step),
+                    ("Final val bpb vs α", "alpha", plots.plot_alpha),
                     ("Learned α per layer vs step (mean over seeds, band: min–max)", "learned_alpha",
                      plots.plot_learned_alpha),
                     ("Attention diagnostics per layer (last diagnostics step)", "diagnostics", plots.plot_diagnostics),
@@ -115,6 +117,7 @@ def depth_sections(results: list[cmp.ArmResult], stability: dict, plots_dir: Pat
             *render.final_table(depth, at_depth),
             *render.coverage(depth, [run for r in at_depth for run in r.runs], out),
             *render.differences(at_depth),
+            *render.val_bpb_by_step_section(depth, at_depth, out),
             *render.optimizer_section(depth, cmp.optimizer_interactions(at_depth), out),
             *render.stability_section(depth, stability.get(depth, []), out),
             *render.learned_alpha_section(depth, at_depth, out),

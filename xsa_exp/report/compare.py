@@ -21,6 +21,7 @@ from xsa_exp.report.stats import (
     interaction,
     mean_ci,
     paired_difference,
+    paired_difference_by_step,
     relative_change,
     run_spikes,
     seed_differences,
@@ -37,6 +38,7 @@ class ArmResult:
     values: dict[str, Estimate] = field(default_factory=dict)  # metric -> mean ± CI over seeds
     paired: dict[str, Estimate] = field(default_factory=dict)  # metric -> paired difference over shared seeds
     bootstrap: dict[str, Estimate] = field(default_factory=dict)  # (Chat)CORE metric -> paired bootstrap over examples
+    val_bpb_by_step: dict[int, Estimate] = field(default_factory=dict)  # step -> paired difference of val/bpb there
 
     def delta(self, metric: str) -> tuple[float, float | None] | None:
         """(arm − baseline, the same relative to the baseline in % or None where that means nothing) of the
@@ -128,6 +130,7 @@ def compare(runs: list[Run], baseline_alpha: float) -> list[ArmResult]:
         result.baseline = find_baseline(result, results)
         if result.baseline is None:
             continue
+        result.val_bpb_by_step = paired_difference_by_step(result.runs, result.baseline.runs, "val/bpb")
         for metric in result.values:
             paired = paired_difference(result.runs, result.baseline.runs, metric)
             if paired is not None:

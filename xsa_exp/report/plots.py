@@ -45,6 +45,32 @@ def plot_curves(depth: str, results: list[ArmResult], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def plot_val_bpb_by_step(depth: str, results: list[ArmResult], path: Path) -> bool:
+    """Δ val bpb (arm − baseline, paired over seeds) against step, its 95% CI shaded, in the colors of the
+    training curves; False unless some arm validated more than once."""
+    if not any(len(r.val_bpb_by_step) > 1 for r in results):
+        return False
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for i, result in enumerate(results):
+        if len(result.val_bpb_by_step) < 2:
+            continue
+        steps = sorted(result.val_bpb_by_step)
+        estimates = [result.val_bpb_by_step[step] for step in steps]
+        color = f"C{i % 10}"
+        ax.plot(steps, [e.value for e in estimates], "o-", color=color, ms=3, lw=1.2, label=result.arm.label)
+        if any(e.low is not None for e in estimates):
+            ax.fill_between(steps, [e.value if e.low is None else e.low for e in estimates],
+                            [e.value if e.high is None else e.high for e in estimates], color=color, alpha=0.2, lw=0)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_title(f"{depth}: Δ val bpb during training", fontsize=10)
+    ax.set(xlabel="step", ylabel="Δ val bpb (arm − baseline, paired, 95% CI)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+    return True
+
+
 def plot_per_layer(depth: str, results: list[ArmResult], path: Path, panels: dict[str, str]) -> bool:
     """One panel per logged prefix (prefix -> title): <prefix>/L{i} of each run's last row that logged it
     against the layer, mean over each arm's seeds; False if none was logged."""

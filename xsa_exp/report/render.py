@@ -142,6 +142,23 @@ def differences(results: list[ArmResult]) -> list[str]:
                     md_table(["arm", "metric", "test", "Δ", "95% CI", "n", "significant?"], tests), ""]
 
 
+def val_bpb_by_step_section(depth: str, results: list[ArmResult], out: Numbers) -> list[str]:
+    """Δ val/bpb at every validation step of the runs, where they validated more than once: when in training a
+    difference arises or closes."""
+    arms = [r for r in results if len(r.val_bpb_by_step) > 1]
+    if not arms:
+        return []
+    for r in arms:
+        for step, e in r.val_bpb_by_step.items():
+            out.estimate(depth, r.arm.label, "val/bpb", f"paired_delta_step_{step}", e)
+    steps = sorted({step for r in arms for step in r.val_bpb_by_step})
+    rows = [[f"{step:,}", *(fmt_difference(r.val_bpb_by_step.get(step)) for r in arms)] for step in steps]
+    return ["### Δ val/bpb during training", "",
+            "At each validation step: arm − baseline, paired over the seeds whose runs both logged val/bpb there, "
+            "with its 95% CI.", "",
+            md_table(["step", *(f"Δ {r.arm.label}" for r in arms)], rows), ""]
+
+
 def optimizer_section(depth: str, rows: list[OptimizerInteraction], out: Numbers) -> list[str]:
     if not rows:
         return []

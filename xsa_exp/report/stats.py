@@ -81,6 +81,23 @@ def paired_difference(runs: list[Run], baseline: list[Run], metric: str) -> Esti
     return mean_ci(list(diffs.values())) if diffs else None
 
 
+def by_seed_and_step(runs: list[Run], column: str) -> pd.DataFrame:
+    """A column of metrics.csv per step (rows) and seed (columns), reruns of a seed averaged; NaN where a seed's
+    runs did not log it at that step."""
+    frames = [pd.DataFrame({"step": rows["step"].to_numpy(dtype=int), "seed": run.seed,
+                            "value": rows[column].to_numpy(dtype=float)})
+              for run in runs if not (rows := run.rows(column)).empty]
+    if not frames:
+        return pd.DataFrame(dtype=float)
+    return pd.concat(frames).groupby(["step", "seed"])["value"].mean().unstack("seed")
+
+
+def paired_difference_by_step(runs: list[Run], baseline: list[Run], column: str) -> dict[int, Estimate]:
+    """step -> mean ± CI of (arm − baseline) of the column at that step, over the seeds both logged it at."""
+    differences = by_seed_and_step(runs, column) - by_seed_and_step(baseline, column)  # aligned on step and seed
+    return {int(step): mean_ci(row.dropna()) for step, row in differences.iterrows() if row.notna().any()}
+
+
 def interaction(first: dict[int, float], second: dict[int, float]) -> Estimate | None:
     """Mean ± CI over the seeds both have of first[seed] − second[seed] (a difference of paired differences)."""
     shared = sorted(first.keys() & second.keys())
