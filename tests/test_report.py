@@ -26,11 +26,12 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
              lr_scale: float = 1.0, n_params: int = 1000, tokens_per_sec: float | None = None,
              losses: list[float] | None = None, val_scope: dict | None = None, status: dict | None = None,
              parametrization: str = "sigmoid", config: str = "", last_row: dict | None = None,
-             val_bpb: dict[int, float] | None = None) -> Path:
+             val_bpb: dict[int, float] | None = None, epoch_tokens: int | None = None) -> Path:
     """A run directory as train.py (+ evaluate.py) leaves it: train rows every step, val at 0, half way and the
     end (ending at final_bpb), a diagnostics row at the end; `evals`: kwargs of make_eval; losses: train/loss per
     step (train/loss_smooth then follows them); config: more of config.yaml (YAML); last_row: more columns of the
-    diagnostics row; val_bpb: step -> val/bpb instead of the three default validations."""
+    diagnostics row; val_bpb: step -> val/bpb instead of the three default validations; epoch_tokens: run.json's
+    training tokens per epoch."""
     run = root / name
     run.mkdir(parents=True)
     xsa_layers = [] if layers == "none" else list(range(N_LAYER))
@@ -43,6 +44,8 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
                             f"  parametrization: {parametrization}\n{config}", info)
     if val_scope is not None:
         rd.update_run_info(run, val_scope=val_scope)
+    if epoch_tokens is not None:
+        rd.update_run_info(run, epoch_tokens=epoch_tokens)
     if status is not None:
         rd.write_status(run, **status)
     rows = [{"step": s, "train/loss": 5.0 - s / steps, "train/loss_smooth": 5.1 - s / steps}
@@ -263,6 +266,23 @@ def test_runs_that_validated_once_have_no_val_bpb_by_step_section(tmp_path):
     report = build_report([study], tmp_path / "out")
     assert "during training" not in report.read_text() and not list((report.parent / "plots").glob("delta_by_step*"))
     assert numbers(report)[XSA, "val/bpb", "paired_delta"] == pytest.approx(0.01)
+
+
+def test_training_length_in_tokens_per_parameter_and_epochs(tmp_path):
+    study = tmp_path / "study"
+    for seed in (1, 2):  # 20 steps of 1,000 tokens
+        make_run(study / "d12", f"base{seed}", seed=seed, n_params=1000, epoch_tokens=8000)
+        make_run(study / "d12", f"xsa{seed}", alpha=1.0, seed=seed, n_params=1000, epoch_tokens=8000)
+        make_run(study / "tiny", f"base{seed}", depth="tiny", seed=seed, n_params=4000, epoch_tokens=8000)
+        make_run(study / "tiny", f"xsa{seed}", depth="tiny", alpha=1.0, seed=seed, n_params=5000)  # a stream: no epochs
+    report = build_report([study], tmp_path / "out")
+    text, got = report.read_text(), numbers(report)
+
+    assert ("Training length: 20,000 tokens seen, 20.00 per parameter, 2.50 epochs of the training split (every arm; "
+            "median over runs, parameters: run.json's total).") in text
+    assert f"- `{BASE}`: 20,000 tokens seen, 5.00 per parameter, 2.50 epochs of the training split" in text
+    assert f"- `{XSA}`: 20,000 tokens seen, 4.00 per parameter\n" in text
+    assert got[XSA, "tokens_per_parameter", "median"] == 4.0 and (XSA, "epochs", "median") in got  # d12's; tiny's none
 
 
 def test_reruns_of_a_seed_count_once_and_are_listed(tmp_path):

@@ -3,6 +3,7 @@
 import csv
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -116,8 +117,11 @@ def test_train_py_runs_as_a_command(tmp_path):
     output = result.stderr + result.stdout
     assert "val/bpb" in output
     assert [r["step"] for r in read_rows(run_dir) if r["train/loss"] or r["val/bpb"]] == ["0", "1", "1", "2", "2"]
-    split = json.loads((run_dir / "run.json").read_text())["val_scope"]["split_tokens"]
+    info = json.loads((run_dir / "run.json").read_text())
+    split = info["val_scope"]["split_tokens"]
     assert f"(over 1,024 of {split:,} tokens)" in output  # SMALL evaluates eval.val_tokens=1024 of the split
+    rows = int(re.search(r"data: [\d,]+ train tokens \(([\d,]+) rows\)", output).group(1).replace(",", ""))
+    assert info["epoch_tokens"] == rows * 64  # one pass over the training rows, in tokens (sequence_len 64)
     assert "precision 32-true (auto: " in output  # which precision auto picked, and why
 
 

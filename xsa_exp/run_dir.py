@@ -1,7 +1,8 @@
 """The run directory: the one place that knows its layout, writes and reads its files, and loads a run back.
 
     <run>/config.yaml          the resolved config (train.py writes it; a resume must match it)
-    <run>/run.json             what the run is (arm, schedule, precision, parameter counts; val_scope once done)
+    <run>/run.json             what the run is (arm, schedule, precision, parameter counts; val_scope and
+                               epoch_tokens once done)
     <run>/status.json          completed | interrupted | failed, the step reached and the error if any
     <run>/metrics.csv          one row per logger call (CSVLogger), see callbacks.py for the step convention
     <run>/diagnostics.jsonl    attention diagnostics per head, one line per measured step
@@ -111,8 +112,9 @@ def write_json(path: Path, data: dict) -> None:
 def run_info(*, run_dir: Path | str, max_steps: int, tokens_per_step: int, grad_accumulation: int, precision: str,
              precision_reason: str, float32_matmul_precision: str, xsa_layers: list[int], param_counts: dict[str, int],
              flops_per_token: int, arm: dict, init_from: dict | None = None) -> dict:
-    """run.json's content at the start of a run: `arm` is Arm.run_keys (xsa_exp/arm.py); val_scope is added at
-    the end (update_run_info)."""
+    """run.json's content at the start of a run: `arm` is Arm.run_keys (xsa_exp/arm.py); val_scope and
+    epoch_tokens (training tokens per pass over a corpus held in memory, None for a stream) are added at the end
+    (update_run_info)."""
     info = {"run_dir": str(run_dir), "max_steps": max_steps, "tokens_per_step": tokens_per_step,
             "grad_accumulation": grad_accumulation, "precision": precision, "precision_reason": precision_reason,
             "float32_matmul_precision": float32_matmul_precision, "xsa_layers": xsa_layers,

@@ -173,6 +173,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
         return run_dir
     trainer.save_checkpoint(rd.final_checkpoint(run_dir))
     save_tokenizer(run_dir, datamodule)
+    update_run_file(run_dir, epoch_tokens=datamodule.epoch_tokens)
     if cfg.eval.every > 0:
         update_run_file(run_dir, val_scope=datamodule.val_scope(cfg.eval.val_tokens))
     save_status(run_dir, "completed", trainer.global_step)

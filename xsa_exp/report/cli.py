@@ -116,6 +116,7 @@ def depth_sections(results: list[cmp.ArmResult], stability: dict, plots_dir: Pat
             f"## Depth `{depth}`", "",
             *render.final_table(depth, at_depth),
             *render.coverage(depth, [run for r in at_depth for run in r.runs], out),
+            *render.training_length(depth, at_depth, out),
             *render.differences(at_depth),
             *render.val_bpb_by_step_section(depth, at_depth, out),
             *render.optimizer_section(depth, cmp.optimizer_interactions(at_depth), out),

@@ -122,6 +122,27 @@ def coverage(depth: str, runs: list[Run], out: Numbers) -> list[str]:
             *(f"- `{label}`: val/bpb {scope}" for label, scope in partial.items()), ""]
 
 
+def training_length(depth: str, results: list[ArmResult], out: Numbers) -> list[str]:
+    """Tokens seen, tokens per parameter and, for a corpus held in memory, epochs of its training split (run.json's
+    epoch_tokens): the median over each arm's runs, in one line when every arm has the same."""
+    lines = {}
+    for r in results:
+        tokens = float(np.median([run.tokens for run in r.runs]))
+        per_parameter = tokens / r.n_params
+        epochs = [run.tokens / run.info["epoch_tokens"] for run in r.runs if run.info.get("epoch_tokens")]
+        epochs = float(np.median(epochs)) if len(epochs) == len(r.runs) else None
+        out.add(depth, r.arm.label, "tokens_seen", "median", tokens)
+        out.add(depth, r.arm.label, "tokens_per_parameter", "median", per_parameter)
+        out.add(depth, r.arm.label, "epochs", "median", epochs)
+        lines[r.arm.label] = (f"{tokens:,.0f} tokens seen, {per_parameter:.2f} per parameter"
+                              + ("" if epochs is None else f", {epochs:.2f} epochs of the training split"))
+    if len(set(lines.values())) == 1:
+        return [f"Training length: {next(iter(lines.values()))} (every arm; median over runs, parameters: run.json's "
+                "total).", ""]
+    return ["Training length (median over each arm's runs; parameters: run.json's total):", "",
+            *(f"- `{arm}`: {line}" for arm, line in lines.items()), ""]
+
+
 def differences(results: list[ArmResult]) -> list[str]:
     metrics = metric_names([run for r in results for run in r.runs])
     tests = []
