@@ -1,7 +1,10 @@
 """Data pipeline figures: loader throughput vs training throughput, and memory of streamed runs.
 
     python bench/data_loader.py [--steps 50]
+    python bench/data_loader.py --setup-only
 
+0. Set-up of an embedded corpus (read, tokenize, pack; the tokenizer already cached), the median of 5: what every
+   run on it pays before its first update. --setup-only prints this alone.
 1. Loader alone: tokens/s of the tiny preset's training DataLoader for the embedded corpus and for a
    streamed `data=local` parquet corpus (written here: 8 files of random-word documents), compared
    with the tiny preset's training tokens/s (one timed training run of 30 steps).
@@ -38,13 +41,28 @@ def write_corpus(folder: Path, files: int = 8, docs: int = 3000) -> None:
         pq.write_table(pa.table({"text": texts}), folder / f"part_{i:03d}.parquet")
 
 
-def loader_tokens_per_second(overrides: list[str], batches: int) -> float:
+def set_up(overrides: list[str]) -> TextDataModule:
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     data = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size, cfg.train.device_batch_size,
                           cfg.seed, cfg.cache_dir)
     data.prepare_data()
     data.setup()
+    return data
+
+
+def setup_seconds(overrides: list[str], repeats: int = 5) -> float:
+    set_up(overrides)  # trains the tokenizer if it is not cached yet
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        set_up(overrides)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[repeats // 2]
+
+
+def loader_tokens_per_second(overrides: list[str], batches: int) -> float:
+    data = set_up(overrides)
     loader = iter(data.train_dataloader())
     next(loader)  # start-up (workers, first file) is not throughput
     start = time.perf_counter()
@@ -70,7 +88,12 @@ def timed_train(args: list[str]) -> tuple[float, int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--setup-only", action="store_true", help="only the embedded corpora's set-up time")
     args = parser.parse_args()
+    for name in ("sample", "wiki"):
+        print(f"set-up, data={name} (read, tokenize, pack): {setup_seconds([f'data={name}']):.2f} s (median of 5)")
+    if args.setup_only:
+        return
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp)
         write_corpus(corpus)
