@@ -57,7 +57,7 @@ class TextDataModule(L.LightningDataModule):
         self.sequence_len, self.vocab_size = sequence_len, vocab_size
         self.device_batch_size, self.seed = device_batch_size, seed
         self.cache_dir = Path(cache_dir).expanduser()
-        # null: the whole training split (embedded corpora only); absent in configs saved before the key existed.
+        # null: the whole training split (embedded corpora only); data=sft has none (the base run's tokenizer).
         self.tokenizer_chars = data_cfg.get("tokenizer_chars")
         budget = "" if self.tokenizer_chars is None else f"-c{self.tokenizer_chars}"
         self.tokenizer_key = f"{data_cfg.name}-{fingerprint}{budget}-v{vocab_size}"

@@ -144,7 +144,7 @@ def match_files(pattern: str, key: str) -> list[str]:
 def check_data_config(data_cfg: DictConfig) -> None:
     """What train.py checks before it creates a run directory: the data.* settings and, for a local mirror
     or corpus, that every file is there. Reads no data."""
-    chars = data_cfg.get("tokenizer_chars")  # absent in configs saved before it existed
+    chars = data_cfg.get("tokenizer_chars")  # data=sft has none: it uses its base run's tokenizer
     if data_cfg.name == "sft":
         check_chat_sources(data_cfg)
         return
