@@ -50,7 +50,7 @@ def compose_cfg(overrides: list[str]):
 
 def write_climbmix_layout(folder: Path, train_shards: int) -> None:
     """train_shards training shards and one validation shard of KJV chapters in ClimbMix's file layout."""
-    chapters = load_sample_corpus()["train"]["text"]
+    chapters = load_sample_corpus()["train"]
     rng = random.Random(0)
     for shard in range(train_shards + 1):
         texts = [rng.choice(chapters) for _ in range(DOCS_PER_SHARD)]

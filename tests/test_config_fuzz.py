@@ -177,7 +177,7 @@ def test_sample_corpus_vocab_cap_is_what_bpe_learns_from_it():
     from xsa_exp.data.corpus import load_sample_corpus
     from xsa_exp.data.tokenizer import Tokenizer
 
-    assert (Tokenizer.train(load_sample_corpus()["train"]["text"], 2 * SAMPLE_CORPUS_MAX_VOCAB).vocab_size
+    assert (Tokenizer.train(load_sample_corpus()["train"], 2 * SAMPLE_CORPUS_MAX_VOCAB).vocab_size
             == SAMPLE_CORPUS_MAX_VOCAB)
 
 

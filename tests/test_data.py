@@ -1,6 +1,9 @@
 import hashlib
 import math
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -165,6 +168,30 @@ def test_sample_corpus_gives_the_same_batches_as_before(sizes, cache_dir):
     assert data.unigram_bpb == expected["unigram"]
 
 
+QUIET_THEN_SAMPLE_RUN = """
+import sys, tempfile
+from omegaconf import OmegaConf
+from xsa_exp.console import quiet_libraries
+from xsa_exp.data.datamodule import TextDataModule
+quiet_libraries()
+data = TextDataModule(OmegaConf.create({"name": "sample", "tokenizer_chars": None}), 64, 512, 4, 42, sys.argv[1])
+data.prepare_data(); data.setup(); next(iter(data.train_dataloader()))
+assert "datasets" not in sys.modules, "the embedded corpus imported datasets"
+import datasets
+assert datasets.utils.are_progress_bars_disabled()
+"""
+
+
+def test_a_run_on_the_embedded_corpus_never_imports_datasets_and_its_bars_stay_off(cache_dir):
+    """`datasets` (a second's import: pyarrow, pandas) is for the streamed and SFT corpora only; when a run does
+    import it, before or after the console is quietened, its progress bars are off."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XSA_EXP_VERBOSE", "HF_DATASETS_DISABLE_PROGRESS_BARS")}
+    subprocess.run([sys.executable, "-c", QUIET_THEN_SAMPLE_RUN, str(cache_dir)], check=True, env=env)
+    imported_first = ("import datasets\nfrom xsa_exp.console import quiet_libraries\nquiet_libraries()\n"
+                      "assert datasets.utils.are_progress_bars_disabled()")
+    subprocess.run([sys.executable, "-c", imported_first], check=True, env=env)
+
+
 # ---------------------------------------------------------------- data=wiki, the second embedded corpus
 
 @pytest.fixture(scope="module")
@@ -178,7 +205,7 @@ def test_wiki_corpus_is_one_document_per_article_with_every_20th_held_out(wiki):
     from xsa_exp.data.corpus import wiki_corpus_fingerprint, wiki_documents
 
     documents = wiki_documents()
-    train, val = wiki["train"]["text"], wiki["validation"]["text"]
+    train, val = wiki["train"], wiki["validation"]
     assert (len(documents), len(train), len(val)) == (10033, 9532, 501)
     assert val == documents[19::20] and train == [d for i, d in enumerate(documents) if i % 20 != 19]
     assert not set(train) & set(val) and len(set(documents)) == len(documents)  # disjoint; no article twice
@@ -202,7 +229,7 @@ def test_wiki_corpus_skips_entries_without_text(tmp_path):
 def test_wiki_vocab_cap_is_what_bpe_learns_from_it(wiki):
     from xsa_exp.config import WIKI_CORPUS_MAX_VOCAB
 
-    assert Tokenizer.train(wiki["train"]["text"], 2 * WIKI_CORPUS_MAX_VOCAB).vocab_size == WIKI_CORPUS_MAX_VOCAB
+    assert Tokenizer.train(wiki["train"], 2 * WIKI_CORPUS_MAX_VOCAB).vocab_size == WIKI_CORPUS_MAX_VOCAB
 
 
 def test_wiki_corpus_refuses_a_vocabulary_it_cannot_supply_and_takes_the_studys():

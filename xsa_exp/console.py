@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import warnings
 
 VERBOSE_ENV = "XSA_EXP_VERBOSE"
@@ -33,12 +34,10 @@ def quiet_libraries() -> None:
         return
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    try:  # in case datasets was imported before the variable was set
-        import datasets
-
-        datasets.disable_progress_bars()
-    except ImportError:
-        pass
+    # The variable covers a later import; an import already made needs the call. Not imported here: the
+    # embedded corpora never use `datasets`, and its import (pyarrow, pandas) costs a second.
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     # Lightning logs these through its rank_zero loggers (ours too: the filter keeps our lines) and the
     # checkpoint connector (weights_only).

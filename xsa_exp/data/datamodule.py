@@ -68,7 +68,7 @@ class TextDataModule(L.LightningDataModule):
 
     def tokenizer_texts(self) -> Iterable[str]:
         if self.corpus is None:
-            texts = self.load_embedded()["train"]["text"][:]  # [:]: one list; iterating a column formats row by row
+            texts = self.load_embedded()["train"]
         else:
             texts = (text for batch in read_documents(self.corpus, self.corpus.train_files) for text in batch)
         return texts if self.tokenizer_chars is None else char_budget(texts, self.tokenizer_chars)
@@ -108,9 +108,8 @@ class TextDataModule(L.LightningDataModule):
 
     def setup_embedded(self, row_len: int) -> None:
         corpus = self.load_embedded()
-        # [:] reads a column as one list; iterating it would format its documents one by one (a second for wiki's).
-        train_tokens = pack_documents(self.tokenizer, corpus["train"]["text"][:])
-        val_tokens = pack_documents(self.tokenizer, corpus["validation"]["text"][:])
+        train_tokens = pack_documents(self.tokenizer, corpus["train"])
+        val_tokens = pack_documents(self.tokenizer, corpus["validation"])
         train_rows = cut_rows(train_tokens, row_len)
         self.val_rows, self.val_complete = cut_rows(val_tokens, row_len), True
         if len(train_rows) == 0 or len(self.val_rows) == 0:
