@@ -2,6 +2,7 @@ import hashlib
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -37,6 +38,22 @@ def test_tokenizer_round_trip_and_special_tokens(tokenizer, tmp_path):
     assert token_bytes[tokenizer.bos_id:].eq(0).all()
     assert token_bytes[:256].eq(1).all()
     assert all(token_bytes[i] == len(tokenizer.decode([i]).encode()) for i in ids)
+
+
+def test_a_tokenizer_written_anew_at_the_same_path_loads_as_written(tokenizer, tmp_path, monkeypatch):
+    """A rerun into a deleted run directory writes its tokenizer where the old run's was: loading it must give the
+    new merges (tiktoken's own loader keeps each file it reads, by path, in a temporary folder)."""
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken-cache"))
+    other = Tokenizer.train(["lorem ipsum dolor sit amet " * 50] * 20, 300)
+    tokenizer.save(tmp_path / "run" / "tokenizer")
+    assert Tokenizer.load(tmp_path / "run" / "tokenizer").mergeable_ranks == tokenizer.mergeable_ranks
+    shutil.rmtree(tmp_path / "run")
+    other.save(tmp_path / "run" / "tokenizer")
+    assert Tokenizer.load(tmp_path / "run" / "tokenizer").mergeable_ranks == other.mergeable_ranks != \
+        tokenizer.mergeable_ranks
+    (tmp_path / "run" / "tokenizer" / "merges.tiktoken").write_bytes(b"IQ== 0\nnot base64 1\n")
+    with pytest.raises(ValueError, match=r"merges.tiktoken is damaged: line 2 is not '<base64 token> <rank>'"):
+        Tokenizer.load(tmp_path / "run" / "tokenizer")
 
 
 def test_tokenizer_cache_is_reused(tmp_path, monkeypatch):

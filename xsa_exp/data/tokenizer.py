@@ -16,7 +16,6 @@ from pathlib import Path
 
 import rustbpe
 import tiktoken
-import tiktoken.load
 import torch
 
 from xsa_exp.cluster import available_cpus
@@ -85,10 +84,26 @@ class Tokenizer:
         if not meta_path.is_file():
             raise FileNotFoundError(f"no tokenizer at {directory} (missing tokenizer.json)")
         meta = json.loads(meta_path.read_text())
-        tokenizer = cls(tiktoken.load.load_tiktoken_bpe(str(directory / "merges.tiktoken")), meta["pattern"])
+        tokenizer = cls(read_merges(directory / "merges.tiktoken"), meta["pattern"])
         if tokenizer.special_tokens != meta["special_tokens"]:
             raise ValueError(f"tokenizer at {directory} has other special tokens than this version of xsa-exp")
         return tokenizer
+
+
+def read_merges(path: Path) -> dict[bytes, int]:
+    """merges.tiktoken's ranks, read from the file itself: tiktoken's loader keeps a copy of every file it reads
+    under the file's path in a temporary folder, so a run directory written anew at the same path (a rerun) would
+    get the old run's merges back."""
+    ranks = {}
+    for number, line in enumerate(path.read_bytes().splitlines(), 1):
+        if not line:
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError:
+            raise ValueError(f"{path} is damaged: line {number} is not '<base64 token> <rank>'") from None
+    return ranks
 
 
 def load_or_train_tokenizer(cache_root: Path, key: str, vocab_size: int,
