@@ -170,6 +170,28 @@ def test_scale_trend_rows_and_plot(tmp_path):
     assert "Scale" not in one and not (tmp_path / "out1" / "plots" / "scale.png").exists()
 
 
+def test_runs_trained_otherwise_are_never_pooled_into_one_arm(tmp_path):
+    """Keys that change what a run computes split its depth: clipping, the width lr scaling, XSA's eps, the tokenizer's
+    sample, compilation, and the run's length as resolved (train.epochs or target_tokens set it, not max_steps)."""
+    study = tmp_path / "study"
+    others = {"train:\n  grad_clip: 1.0\n": "grad_clip=1.0", "optim:\n  width_lr_scaling: false\n":
+              "width_lr_scaling=False", "  eps: 0.001\n": "eps=0.001", "train:\n  compile: true\n":
+              "compile=True", "data:\n  tokenizer_chars: 1000\n": "tokenizer_chars=1000"}
+    for seed in (1, 2):
+        make_run(study, f"b{seed}", seed=seed, final_bpb=0.9)
+        make_run(study, f"x{seed}", alpha=1.0, seed=seed, final_bpb=0.91)
+        make_run(study, f"long-b{seed}", seed=seed, final_bpb=0.8, steps=40, config="train:\n  epochs: 2\n")
+        make_run(study, f"long-x{seed}", alpha=1.0, seed=seed, final_bpb=0.79, steps=40, config="train:\n  epochs: 2\n")
+        for i, config in enumerate(others):  # an indented line continues make_run's xsa: node
+            make_run(study, f"o{i}-b{seed}", seed=seed, final_bpb=0.9, config=config)
+            make_run(study, f"o{i}-x{seed}", alpha=1.0, seed=seed, final_bpb=0.95, config=config)
+    got = csv_rows(build_report([study], tmp_path / "out"))
+    depths = {depth for depth, *_ in got}
+    assert {"d12", "d12 · max_steps=40", *(f"d12 · {label}" for label in others.values())} <= depths, depths
+    assert got["d12", XSA, "val/bpb", "paired_delta"] == pytest.approx(0.01)
+    assert got["d12 · max_steps=40", XSA, "val/bpb", "paired_delta"] == pytest.approx(-0.01)
+
+
 def test_a_setting_that_varies_within_a_depth_splits_it_and_gets_its_own_trend(tmp_path):
     """Runs of one depth preset at sequence lengths 128, 512 and 1024 (an optimizer varying too, which is an arm, not a
     setting): compared within each length, in numeric order, and a Δ-vs-sequence_len table and plot per optimizer."""

@@ -41,7 +41,8 @@ class Estimate:
 
     @property
     def significant(self) -> str:
-        if self.low is None:
+        # A non-finite value (a diverged seed) gives a NaN interval, which no comparison with zero would catch.
+        if self.low is None or not (math.isfinite(self.low) and math.isfinite(self.high)):
             return "n.a."
         return "no" if self.low <= 0 <= self.high else "yes"
 
