@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from tests.conftest import REPO, SMALL, compose_config
 from tests.test_core import REAL_BUNDLE as BUNDLE
 from xsa_exp.config import ConfigError, validate
+from xsa_exp.data.chat import render_conversation
 from xsa_exp.data.conversations import gsm8k_conversation, mmlu_conversation
 from xsa_exp.data.packing import inputs_and_targets
 from xsa_exp.data.sft import conversation_rows, load_conversations
@@ -142,6 +143,28 @@ def test_sft_starts_from_the_base_runs_final_weights(base_run):
         assert torch.equal(model.state_dict()[name], tensor), name
     assert load_base_run(compose_config(*SMALL), model) is None
 
+
+
+def test_rows_without_a_trained_target_are_left_out(tokenizer):
+    """A prompt longer than a row fills rows with masked tokens only: a micro-batch of them would have a loss of 0/0."""
+    conversations = [[{"role": "user", "content": "a long prompt " * 40}, {"role": "assistant", "content": "ok"}]] * 3
+    tokens = sum(len(render_conversation(tokenizer, c)[0]) for c in conversations)
+    rows = conversation_rows(tokenizer, conversations, 17, seed=0)
+    assert 0 < len(rows) < tokens // 17  # rows inside the prompts are gone
+    assert (inputs_and_targets(rows.long())[1] >= 0).any(dim=1).all()
+    assert "ok" in tokenizer.decode(inputs_and_targets(rows.long())[1].flatten().clamp_min(0).tolist())
+
+
+@pytest.mark.parametrize("message", [{"role": "assistant", "content": None},
+                                     {"role": "assistant", "content": [{"type": "text"}]}, {"content": "hi"}],
+                         ids=["no-content", "part-without-text", "no-role"])
+def test_a_conversation_that_cannot_be_rendered_is_one_data_error(tokenizer, message):
+    conversation = [{"role": "user", "content": "hi"}, message] if "role" in message else [message]
+    with pytest.raises(DataError) as info:
+        conversation_rows(tokenizer, [[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+                                      conversation], 17, seed=0)
+    assert str(info.value).startswith("SFT conversation 1 (of all sources, in source order) cannot be rendered (")
+    assert "\n" not in str(info.value)
 
 @pytest.mark.slow
 def test_sft_stage_trains_one_epoch_of_the_mixture_and_records_its_base(base_run, tmp_path):

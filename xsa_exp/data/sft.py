@@ -78,14 +78,19 @@ def load_conversations(data_cfg: DictConfig, part: str) -> tuple[list[list[dict]
 
 
 def conversation_rows(tokenizer: Tokenizer, conversations: list[list[dict]], row_len: int, seed: int) -> torch.Tensor:
-    """The conversations, shuffled with seed, rendered with their masks and packed into rows (n, row_len)."""
+    """The conversations, shuffled with seed, rendered with their masks and packed into rows (n, row_len); a row
+    with no trained target (all prompt or tool output, as inside a long prompt) is left out: it teaches nothing,
+    and a micro-batch of such rows would have a mean loss of 0/0 (NaN) and stop the run."""
     order = list(range(len(conversations)))
     random.Random(seed).shuffle(order)
     tokens: list[int] = []
     for i in order:
         try:
             ids, mask = render_conversation(tokenizer, conversations[i])
-        except ValueError as e:
-            raise DataError(f"SFT conversation {i} cannot be rendered: {e}") from None
+        except (KeyError, TypeError, ValueError) as e:  # a message without content, a part without text, ...
+            raise DataError(f"SFT conversation {i} (of all sources, in source order) cannot be rendered "
+                            f"({type(e).__name__}: {e}); each message needs a role and a string or list of "
+                            "{type, text} parts as content") from None
         tokens += mask_tokens(ids, mask)
-    return cut_rows(torch.tensor(tokens, dtype=torch.int32), row_len)
+    rows = cut_rows(torch.tensor(tokens, dtype=torch.int32), row_len)
+    return rows[(rows[:, 1:] >= 0).any(dim=1)]
