@@ -4,6 +4,7 @@ here and read through the same path as the hub (fsspec + pyarrow for parquet, `d
 json and txt)."""
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -228,7 +229,8 @@ def test_state_dict_resumes_at_the_next_row(mirror, cache, world_size, workers):
             data.on_before_batch_transfer(batch, 0)  # Lightning's call for each consumed batch
         uninterrupted.append(batches[7])
     state = ranks[0].state_dict()
-    assert state == {"rows_consumed": 7 * BATCH * world_size, "readers": [world_size, workers]}
+    assert state == {"rows_consumed": 7 * BATCH * world_size, "readers": [world_size, workers],
+                     "tokenizer_key": ranks[0].tokenizer_key}
     assert all(d.state_dict() == state for d in ranks)
     for r in range(world_size):
         data = datamodule(cfg, cache, rank=r, world_size=world_size)
@@ -238,11 +240,27 @@ def test_state_dict_resumes_at_the_next_row(mirror, cache, world_size, workers):
 
 def test_resuming_a_stream_with_other_readers_is_one_line_naming_the_fix(mirror, cache):
     data = datamodule(climbmix_cfg(mirror, "data.num_workers=1"), cache)
-    data.load_state_dict({"rows_consumed": 8 * BATCH, "readers": [2, 1]})
+    data.load_state_dict({"rows_consumed": 8 * BATCH, "readers": [2, 1], "tokenizer_key": data.tokenizer_key})
     with pytest.raises(DataError) as e:
         data.train_dataloader()
     assert ("read by 2 ranks x 1 data loader workers" in one_line(e)
             and "trainer.devices x trainer.num_nodes = 2" in str(e.value))
+
+
+def test_resuming_on_a_changed_corpus_is_one_line_naming_the_fix(tmp_path, cache):
+    """A training file rewritten (or copied without its time) between a preemption and the resume gives another
+    tokenizer key: the resumed run would tokenize and deal its stream otherwise, so it is refused."""
+    folder = tmp_path / "jsonl"
+    folder.mkdir()
+    for name in ("a.jsonl", "b.jsonl", "c.jsonl"):
+        (folder / name).write_text("".join(f'{{"text": "document {i} of {name}"}}\n' for i in range(50)))
+    cfg = compose_config("data=local", f"data.path={folder}/*.jsonl", "data.tokenizer_chars=20000")
+    state = datamodule(cfg, cache).state_dict()
+    datamodule(cfg, cache).load_state_dict(state)  # the same files: resumes
+    os.utime(folder / "a.jsonl", ns=(0, 0))
+    with pytest.raises(DataError) as e:
+        datamodule(cfg, cache).load_state_dict(state)
+    assert "the corpus changed since" in one_line(e) and "restore the files as they were" in str(e.value)
 
 
 class Recorder(L.LightningModule):
@@ -273,8 +291,8 @@ def test_lightning_checkpoint_resumes_the_data_exactly(mirror, cache, tmp_path):
     _, whole = fit(6)
     first, _ = fit(3)
     first.save_checkpoint(tmp_path / "step3.ckpt")
-    assert torch.load(tmp_path / "step3.ckpt", weights_only=False)["TextDataModule"] == {"rows_consumed": 6 * BATCH,
-                                                                                      "readers": [1, 1]}
+    assert torch.load(tmp_path / "step3.ckpt", weights_only=False)["TextDataModule"] == {
+        "rows_consumed": 6 * BATCH, "readers": [1, 1], "tokenizer_key": first.datamodule.tokenizer_key}
     _, resumed = fit(6, tmp_path / "step3.ckpt")
     assert len(whole.seen) == 12 and len(resumed.seen) == 6
     assert all(torch.equal(a, b) for a, b in zip(resumed.seen, whole.seen[6:]))

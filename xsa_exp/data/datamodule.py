@@ -172,9 +172,18 @@ class TextDataModule(L.LightningDataModule):
         return batch
 
     def state_dict(self) -> dict:
-        return {"rows_consumed": self.rows_consumed, **({"readers": self.readers} if self.readers else {})}
+        return {"rows_consumed": self.rows_consumed, "tokenizer_key": self.tokenizer_key,
+                **({"readers": self.readers} if self.readers else {})}
 
     def load_state_dict(self, state: dict) -> None:
+        # The key names the corpus (for data=local: each training file's name, size and modification time), the
+        # tokenizer's sample and vocabulary: another key would mean other token ids and another stream than the
+        # checkpoint's weights and rows_consumed were made with.
+        if state["tokenizer_key"] != self.tokenizer_key:
+            raise DataError(f"this run was trained on data with tokenizer key {state['tokenizer_key']}, and its data "
+                            f"settings now give {self.tokenizer_key}: the corpus changed since (for data=local: a "
+                            "training file added, removed, rewritten or copied without its modification time); "
+                            "restore the files as they were to resume, or start a new run in a new directory")
         self.rows_consumed = state["rows_consumed"]
         self.readers = state.get("readers")  # a stream's [ranks, workers]; absent for rows held in memory
 
