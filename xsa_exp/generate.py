@@ -15,6 +15,7 @@ Tool use (nanochat's GSM8K calculator): when a row closes a <|python_start|> exp
 from __future__ import annotations
 
 import ast
+import math
 import operator
 from collections import deque
 from collections.abc import Iterable
@@ -117,6 +118,16 @@ OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mu
              ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 
+MAX_BITS = 4096  # the largest integer the calculator computes: far past any grade-school answer, fast to print
+
+
+def magnitude_bits(number: float) -> int:
+    """About log2 |number|: an int's bit length, a float's binary exponent (0 for |x| < 1)."""
+    if isinstance(number, int):
+        return abs(number).bit_length()
+    return max(0, math.frexp(number)[1]) if math.isfinite(number) else MAX_BITS + 1
+
+
 def calculate(expression: str) -> str | None:
     """The value of an arithmetic expression (numbers, + - * / // % **, parentheses; "1,000" is 1000) as
     GSM8K writes it, or None when it is not one. Parsed, never eval'd: a model's text runs nothing."""
@@ -127,9 +138,13 @@ def calculate(expression: str) -> str | None:
             return OPERATORS[type(node.op)](value(node.operand))
         if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
             left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Pow) and abs(right) > 64:  # keeps 10**10**10 from hanging the evaluation
-                raise ValueError("exponent too large")
-            return OPERATORS[type(node.op)](left, right)
+            # Bounded before computing: 10**10**10, or a power of a power, would hang the evaluation.
+            if isinstance(node.op, ast.Pow) and (abs(right) > 64 or magnitude_bits(left) * abs(right) > MAX_BITS):
+                raise ValueError("power too large")
+            result = OPERATORS[type(node.op)](left, right)
+            if magnitude_bits(result) > MAX_BITS:
+                raise ValueError("result too large")
+            return result
         raise ValueError(f"not arithmetic: {ast.dump(node)[:40]}")
 
     try:
@@ -137,5 +152,7 @@ def calculate(expression: str) -> str | None:
     except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, TypeError, RecursionError):
         return None
     if isinstance(result, float):
+        if not math.isfinite(result):
+            return None
         return str(int(result)) if result.is_integer() else f"{result:.6g}"
     return str(result)
