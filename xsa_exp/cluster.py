@@ -41,8 +41,12 @@ def export_submitit_local_ranks() -> None:
     if "SUBMITIT_LOCAL_JOB_ID" not in os.environ or int(os.environ.get("SUBMITIT_LOCAL_NTASKS", "1")) < 2:
         return
     import submitit  # only under submitit, which installed it
+    from lightning.pytorch.utilities import rank_zero_only
 
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    # Lightning read the rank variables when it was imported, before these were set: without this every task would
+    # take itself for rank 0 until the Trainer starts (each writing the run's files, each printing the banner).
+    rank_zero_only.rank = int(os.environ["RANK"])
 
 
 def available_cpus() -> int:
