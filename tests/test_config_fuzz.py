@@ -173,6 +173,13 @@ def test_the_embedded_corpus_refuses_a_vocabulary_it_cannot_supply():
     preflight("train", [f"model.vocab_size={SAMPLE_CORPUS_MAX_VOCAB}"], CONF_DIR)
 
 
+def test_sharding_strategies_are_refused_with_the_reason():
+    for strategy in ("fsdp", "deepspeed"):
+        message = refusal("train", [f"trainer.strategy={strategy}"])
+        assert message.startswith(f"trainer.strategy={strategy!r} is not an option; allowed: auto, ddp,"), message
+        assert "Muon needs whole matrices" in message and "use ddp" in message
+
+
 def test_sample_corpus_vocab_cap_is_what_bpe_learns_from_it():
     from xsa_exp.data.corpus import load_sample_corpus
     from xsa_exp.data.tokenizer import Tokenizer

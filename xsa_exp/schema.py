@@ -239,8 +239,9 @@ class TrainerConfig:
     precision: str = key("auto", "auto = bf16-mixed on CUDA and on native-bf16 CPUs from n_embd 768, else 32-true",
                          choices=PRECISIONS)
     strategy: str = key("auto", "Lightning strategy",
-                        choices=("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fsdp", "deepspeed",
-                                 "single_device"))
+                        choices=("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "single_device"),
+                        hint="fsdp and deepspeed hand the optimizer flat shards, while Muon needs whole matrices "
+                             "and the non-finite check whole gradients; use ddp (optim.muon.sharded splits Muon)")
 
 
 @dataclass
