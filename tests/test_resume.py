@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,21 +131,27 @@ def test_unwritable_run_directory_is_one_clear_error(tmp_path, small_cfg):
 
 
 def test_disk_full_while_checkpointing_keeps_the_good_checkpoints(tmp_path, small_cfg, monkeypatch):
+    """A checkpoint is written beside its final name (not in the system's temporary folder, a small node-local
+    disk on many clusters) and renamed into place: a full disk mid-write leaves the earlier ones and no part."""
     import errno
+    import tempfile
 
-    from lightning.fabric.plugins.io import torch_io
+    real_save = torch.save
 
-    real_save = torch_io._atomic_save
-
-    def full_disk(checkpoint, path):
+    def full_disk(obj, path, *args, **kwargs):
         if "step000004" in str(path):
+            Path(path).write_bytes(b"half a checkpoint")
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_save(checkpoint, path)
+        real_save(obj, path, *args, **kwargs)
 
-    monkeypatch.setattr(torch_io, "_atomic_save", full_disk)
+    monkeypatch.setattr(torch, "save", full_disk)
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
     run_dir = tmp_path / "run"
     with pytest.raises(RuntimeError, match="cannot write to run directory .* at step 4 .No space left on device"):
         train(small_cfg("train.max_steps=6", "train.checkpoint_every=2"), run_dir)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step000002.ckpt"]
+    assert not list(system_tmp.iterdir())  # nothing staged there
     assert torch.load(run_dir / "checkpoints" / "step000002.ckpt", weights_only=False)["global_step"] == 2
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"

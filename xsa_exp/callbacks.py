@@ -11,8 +11,11 @@ import math
 import os
 import signal
 import time
+from pathlib import Path
 
 import lightning as L
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -260,11 +263,33 @@ class AttentionDiagnostics(ScheduledEvaluation):
         return "/L" not in key
 
 
+class RunDirCheckpointIO(TorchCheckpointIO):
+    """Every checkpoint written beside its final name, synced, then renamed into place: a kill or a full disk
+    leaves the earlier checkpoints and no half-written one. (Lightning's own save stages the file in the system's
+    temporary folder, often a small node-local disk on a cluster, and across file systems its move is a copy.)"""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(path.name + ".partial")
+        try:
+            torch.save(checkpoint, staging)
+            descriptor = os.open(staging, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            os.replace(staging, path)
+        except BaseException:
+            staging.unlink(missing_ok=True)
+            raise
+
+
 class PeriodicCheckpoint(ModelCheckpoint):
     """Resumable checkpoint every N steps, named as run_dir.step_checkpoint names it, keeping the newest few.
 
-    Lightning writes it atomically (temporary file, then move). A resumed run starts right after its
-    checkpoint, so that step is not saved again (plain ModelCheckpoint would write a -v1 copy)."""
+    Written by RunDirCheckpointIO. A resumed run starts right after its checkpoint, so that step is not saved
+    again (plain ModelCheckpoint would write a -v1 copy)."""
 
     def __init__(self, run_dir, every: int, keep: int):
         super().__init__(dirpath=rd.checkpoints_dir(run_dir), filename=rd.STEP_CHECKPOINT,

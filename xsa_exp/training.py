@@ -22,6 +22,7 @@ from xsa_exp.callbacks import (
     HostSync,
     PeriodicCheckpoint,
     PreemptionCheckpoint,
+    RunDirCheckpointIO,
     TrainMetrics,
     UpdateClock,
     ValidationBPB,
@@ -216,8 +217,9 @@ def build_trainer(cfg: DictConfig, run: dict, loggers: list, callbacks: list) ->
     # conf/trainer/ is passed to the Trainer as it is (precision "auto" resolved in run.json); the rest is the run's.
     trainer = L.Trainer(
         **{**OmegaConf.to_container(cfg.trainer, resolve=True), "precision": run["precision"]},
-        max_steps=run["max_steps"], accumulate_grad_batches=run["grad_accumulation"], plugins=cluster_plugins(),
-        gradient_clip_val=cfg.train.grad_clip or None, logger=loggers, callbacks=callbacks,
+        max_steps=run["max_steps"], accumulate_grad_batches=run["grad_accumulation"],
+        plugins=[*cluster_plugins(), RunDirCheckpointIO()], gradient_clip_val=cfg.train.grad_clip or None,
+        logger=loggers, callbacks=callbacks,
         limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=cfg.train.checkpoint_every > 0,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=run["run_dir"])
     # The run directory is ours; CSVLogger's "not empty" warning is about our config files.
