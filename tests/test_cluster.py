@@ -84,7 +84,7 @@ def test_signalled_two_rank_submitit_job_requeues_and_finishes_bit_identical(tmp
     run_dir = sweep / "job"
     logs = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_0_log.*"))
     assert "Caught signal SIGUSR2" in logs and "Requeued job" in logs, logs[-3000:]
-    assert "SIGUSR2 received: saved" in logs and "resuming from" in logs
+    assert "SIGUSR2 received: checkpoint" in logs and "resuming from" in logs
     second_task = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_1_log.*"))
     assert second_task and "run directory:" not in second_task, second_task[-3000:]  # rank 1 knows it is not rank 0
     assert read_status(run_dir)["status"] == "completed"

@@ -63,6 +63,31 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg, precision):
             == ["step000006.ckpt", "step000009.ckpt"])
 
 
+def test_a_periodic_checkpoints_save_is_not_counted_as_training_time(tmp_path, small_cfg, monkeypatch):
+    """Lightning runs checkpoint callbacks after all others, the update clock included: the clock restarts after the
+    save. A clock that moves 1 s per reading, and 1,000 s while a checkpoint is written, shows where the time went."""
+    from xsa_exp import callbacks
+
+    now = [0.0]
+
+    def clock(device):
+        now[0] += 1.0
+        return now[0]
+
+    real_save = callbacks.RunDirCheckpointIO.save_checkpoint
+
+    def slow_save(self, checkpoint, path, storage_options=None):
+        now[0] += 1000.0
+        real_save(self, checkpoint, path, storage_options)
+
+    monkeypatch.setattr(callbacks, "synchronized_time", clock)
+    monkeypatch.setattr(callbacks.RunDirCheckpointIO, "save_checkpoint", slow_save)
+    run_dir = train(small_cfg("train.max_steps=6", "train.checkpoint_every=2"), tmp_path / "run")
+    with open(run_dir / "metrics.csv") as f:
+        speeds = [float(r["train/tokens_per_sec"]) for r in csv.DictReader(f) if r["train/tokens_per_sec"]]
+    assert len(speeds) == 6 and min(speeds) > 512 / 10, speeds  # 512 tokens per update, a few readings each
+
+
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path, small_cfg):
     cfg = small_cfg("train.max_steps=6", "train.checkpoint_every=2", "train.keep_checkpoints=3", "resume=auto")
     run_dir = train(cfg, tmp_path / "run")
@@ -78,6 +103,25 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path, small_cf
     # Resumed from step 4, not restarted: a restart sets the earlier log aside and redoes steps 1-4.
     assert not list(run_dir.glob("metrics.unfinished-*"))
     assert [r for r in rows(run_dir) if int(r["step"]) <= 4] == [r for r in before if int(r["step"]) <= 4]
+
+
+def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, small_cfg, monkeypatch):
+    """A requeued or resumed run continues its wandb run (the id is kept in run.json), not a new one per attempt."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)  # offline: the run's files show the id
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = small_cfg("logger=wandb", "train.max_steps=4", "train.checkpoint_every=2", "resume=auto")
+    run_dir = train(cfg, tmp_path / "run")
+    wandb_id = json.loads((run_dir / "run.json").read_text())["wandb_id"]
+    (run_dir / "checkpoints" / "final.ckpt").unlink()  # as if stopped after its last periodic checkpoint
+    (run_dir / "status.json").write_text(json.dumps({"status": "interrupted", "step": 4, "error": None}))
+    time.sleep(1.1)  # wandb names an offline run's folder by the second it started
+    train(cfg, run_dir)
+    attempts = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+    assert len(attempts) == 2 and all(name.endswith(f"-{wandb_id}") for name in attempts), attempts
+    # The next run in this process (a sweep's next job under Hydra's basic or joblib launcher) gets its own wandb run.
+    other = train(cfg, tmp_path / "other")
+    other_id = json.loads((other / "run.json").read_text())["wandb_id"]
+    assert other_id != wandb_id and [p.name[-8:] for p in (other / "wandb").glob("offline-run-*")] == [other_id]
 
 
 def test_resume_refuses_a_different_config(tmp_path, small_cfg):
@@ -100,12 +144,14 @@ def test_every_preemption_signal_gets_the_same_handler_for_the_run_and_the_old_o
     assert {s: signal.getsignal(s) for s in signums} == before
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM])  # SIGUSR1 and SIGUSR2 have the same handler (test above)
-def test_preemption_signal_saves_at_the_next_update_and_exits_cleanly(tmp_path, small_cfg, signum):
+# SIGUSR1 and SIGUSR2 have the same handler (test above). With a periodic checkpoint at every step, the signal's
+# step is one the periodic checkpoint saves: it must be written once, not again as a -v1 copy.
+@pytest.mark.parametrize("signum,checkpoint_every", [(signal.SIGTERM, 0), (signal.SIGTERM, 1)])
+def test_preemption_signal_saves_at_the_next_update_and_exits_cleanly(tmp_path, small_cfg, signum, checkpoint_every):
     reference = train(small_cfg("train.max_steps=9", "eval.every=2", "eval.diag_every=4"), tmp_path / "reference")
     run_dir = tmp_path / "preempted"
     args = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "resume=auto", *SMALL, "train.max_steps=9",
-            "eval.every=2", "eval.diag_every=4", "log.print_every=1"]
+            "eval.every=2", "eval.diag_every=4", "log.print_every=1", f"train.checkpoint_every={checkpoint_every}"]
     process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in process.stdout:  # signal as soon as step 2 has been logged
         if "step      2/9 | loss" in line:
@@ -116,8 +162,11 @@ def test_preemption_signal_saves_at_the_next_update_and_exits_cleanly(tmp_path, 
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "interrupted" and 2 <= status["step"] < 9
     assert (run_dir / "checkpoints" / f"step{status['step']:06d}.ckpt").is_file()
+    assert not list((run_dir / "checkpoints").glob("*-v*.ckpt"))
     resumed = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    kept = ["final.ckpt"] + (["step000008.ckpt", "step000009.ckpt"] if checkpoint_every else [])  # not the signal's
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == kept
     assert rows(run_dir) == rows(reference)
     ours, theirs = final_weights(run_dir), final_weights(reference)
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)

@@ -86,6 +86,10 @@ class UpdateClock(L.Callback):
         if step != self.last_step and self.sync.due(step, trainer.max_steps):
             self.last_step, self.boundary = step, synchronized_time(pl_module.device)
 
+    def restart(self, device) -> None:
+        """After a hook that Lightning runs after this callback (a periodic checkpoint): its time is not an update's."""
+        self.boundary = synchronized_time(device)
+
 
 class TrainMetrics(L.Callback):
     """One CSV/wandb row per optimizer update, written at the next host-sync update: loss, smoothed loss, lrs, Muon
@@ -289,16 +293,36 @@ class PeriodicCheckpoint(ModelCheckpoint):
     """Resumable checkpoint every N steps, named as run_dir.step_checkpoint names it, keeping the newest few.
 
     Written by RunDirCheckpointIO. A resumed run starts right after its checkpoint, so that step is not saved
-    again (plain ModelCheckpoint would write a -v1 copy)."""
+    again (plain ModelCheckpoint would write a -v1 copy). Lightning runs checkpoint callbacks after all others,
+    the update clock included, so the clock is restarted after each save: saving is not an update's time."""
 
-    def __init__(self, run_dir, every: int, keep: int):
+    def __init__(self, run_dir, every: int, keep: int, clock: UpdateClock):
         super().__init__(dirpath=rd.checkpoints_dir(run_dir), filename=rd.STEP_CHECKPOINT,
                          auto_insert_metric_name=False, every_n_train_steps=every, save_top_k=keep, monitor="step",
                          mode="max")
+        self.every, self.clock, self.clock_restarted_at = every, clock, 0
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
-        self._last_global_step_saved = trainer.global_step
+        self._last_global_step_saved = self.clock_restarted_at = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        step = trainer.global_step
+        if step % self.every == 0 and step != self.clock_restarted_at:  # once per saving step, not per micro-batch
+            self.clock.restart(pl_module.device)
+            self.clock_restarted_at = step
+
+
+def remove_untracked_step_checkpoints(trainer, run_dir, keep: Path | None = None) -> None:
+    """Delete the step checkpoints no periodic checkpoint keeps (earlier preemptions' and the one this attempt
+    resumed from), once a newer checkpoint (`keep`, or the final one) is written: each requeue would leave one."""
+    if not trainer.is_global_zero:
+        return
+    kept = {Path(p).resolve() for callback in trainer.checkpoint_callbacks for p in callback.best_k_models}
+    for path in rd.checkpoints_dir(run_dir).glob("step*.ckpt"):
+        if path.resolve() not in kept and path != keep:
+            path.unlink(missing_ok=True)
 
 
 def preemption_signals() -> tuple[signal.Signals, ...]:
@@ -322,8 +346,8 @@ class PreemptionCheckpoint(L.Callback):
     which keeps the time from the signal to the checkpoint at one update: a time limit gives a fixed warning time.
     """
 
-    def __init__(self, run_dir, metrics: TrainMetrics):
-        self.run_dir, self.metrics = run_dir, metrics
+    def __init__(self, run_dir, metrics: TrainMetrics, checkpoint_every: int = 0):
+        self.run_dir, self.metrics, self.checkpoint_every = run_dir, metrics, checkpoint_every
         self.received: signal.Signals | None = None
         self.stopped_at: int | None = None
         # Made before the Trainer, so these are the launcher's handlers (submitit's), not Lightning's.
@@ -350,8 +374,12 @@ class PreemptionCheckpoint(L.Callback):
             path = rd.step_checkpoint(self.run_dir, step)
             if self.metrics.last_step != step:
                 self.metrics.flush(trainer, pl_module)
-            trainer.save_checkpoint(path)
-            rank_zero_info(f"{self.received.name} received: saved {path} and stopping; continue with resume=auto")
+            # At a periodic checkpoint's step that callback, which Lightning runs after this one, writes the same file.
+            if not (self.checkpoint_every and step % self.checkpoint_every == 0):
+                trainer.save_checkpoint(path)
+                remove_untracked_step_checkpoints(trainer, self.run_dir, keep=path)
+            rank_zero_info(f"{self.received.name} received: checkpoint {path}, then stopping; "
+                           "continue with resume=auto")
             self.stopped_at = step
             trainer.should_stop = True
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import secrets
 import shutil
 import tempfile
 import warnings
@@ -26,6 +27,7 @@ from xsa_exp.callbacks import (
     TrainMetrics,
     UpdateClock,
     ValidationBPB,
+    remove_untracked_step_checkpoints,
 )
 from xsa_exp.cluster import cluster_plugins, device_peak_flops, export_submitit_local_ranks
 from xsa_exp.config import ConfigError, check_schedule, grad_accumulation, world_size
@@ -94,13 +96,13 @@ def warn_if_it_will_not_fit(model: GPT, cfg: DictConfig) -> None:
         rank_zero_warn(message)
 
 
-def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict) -> list:
+def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict, wandb_id: str | None) -> list:
     loggers = [CSVLogger(save_dir=str(run_dir), name="", version="")]
     if cfg.logger.wandb is not None:
         w = cfg.logger.wandb
         offline = wandb_offline()
         logger = WandbLogger(project=w.project, group=w.group, name=w.name or run_dir.name, tags=list(w.tags),
-                             save_dir=str(run_dir), offline=offline)
+                             save_dir=str(run_dir), offline=offline, id=wandb_id, resume="allow")
         quiet_wandb_logger(logger)
         logger.log_hyperparams({**summary, "config": OmegaConf.to_container(cfg, resolve=True)})
         loggers.append(logger)
@@ -148,6 +150,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
                                 cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER)
     arm = Arm.run_keys_of(cfg)
     run = describe_run(cfg, run_dir, model, resolve_max_steps(cfg.train, model, datamodule), base, arm)
+    if cfg.logger.wandb is not None:  # one wandb run across requeues and resumes: its id is kept in run.json
+        run["wandb_id"] = rd.read_run_info(run_dir)["wandb_id"] if resume_from else secrets.token_hex(4)
     # before the run's files are written: a run that fails this check leaves nothing that blocks its rerun
     check_schedule(run["max_steps"], cfg.optim.schedule.warmup_steps, cfg.optim.schedule.warmdown_frac)
     print_start(model, cfg, run)
@@ -161,7 +165,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
 
     module = LanguageModel(model, cfg.optim, run["max_steps"], OmegaConf.to_container(cfg, resolve=True),
                            cfg.train.skip_nonfinite_steps, compile_forward=cfg.train.compile)
-    loggers = build_loggers(cfg, run_dir, arm)
+    loggers = build_loggers(cfg, run_dir, arm, run.get("wandb_id"))
     callbacks = build_callbacks(cfg, run_dir, model)
     trainer = build_trainer(cfg, run, loggers, callbacks)
     if resume_from is not None:
@@ -173,6 +177,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
         preemption.hand_over()  # under submitit: requeue the job and exit
         return run_dir
     trainer.save_checkpoint(rd.final_checkpoint(run_dir))
+    remove_untracked_step_checkpoints(trainer, run_dir)
     save_tokenizer(run_dir, datamodule)
     update_run_file(run_dir, epoch_tokens=datamodule.epoch_tokens)
     if cfg.eval.every > 0:
@@ -229,9 +234,11 @@ def build_trainer(cfg: DictConfig, run: dict, loggers: list, callbacks: list) ->
 
 def fit(trainer: L.Trainer, module: LanguageModel, datamodule: TextDataModule, resume_from: str | None,
         run_dir: Path) -> None:
-    """trainer.fit, with status.json saying why it stopped if it raised."""
+    """trainer.fit, with status.json saying why it stopped if it raised; the wandb run finished either way."""
+    exit_code = 1
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+        exit_code = 0
     except BaseException as e:
         # Recorded so that a sweep's report lists this job as failed instead of reading a partial log as a result;
         # an exit (a launcher's requeue before training started) or Ctrl-C leaves it resumable, as interrupted.
@@ -243,6 +250,12 @@ def fit(trainer: L.Trainer, module: LanguageModel, datamodule: TextDataModule, r
                                f"({e.strerror or e}); completed checkpoints are intact — free space or fix "
                                "permissions, then rerun with resume=auto") from e
         raise
+    finally:
+        # A sweep's next job in this process (Hydra's basic launcher, a joblib worker) would otherwise log into this
+        # wandb run: Lightning's WandbLogger reuses a run in progress. (Rank 0's; the others' is a stand-in.)
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.experiment.finish(exit_code=exit_code)
 
 
 def load_base_run(cfg: DictConfig, model: GPT) -> LoadedRun | None:
@@ -259,10 +272,10 @@ def load_base_run(cfg: DictConfig, model: GPT) -> LoadedRun | None:
 
 
 def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT) -> list[L.Callback]:
-    """Train metrics first, so each step's train row precedes its evaluation rows; the periodic
-    checkpoint after them, so it is taken after every row of its step is logged; the update clock
-    last, so the next update's time starts after all of them. Every step with a console line, an evaluation or a
-    checkpoint is a host-sync step; the updates between them never wait for the device."""
+    """Train metrics first, so each step's train row precedes its evaluation rows; the update clock last, so the
+    next update's time starts after all of them (Lightning runs the periodic checkpoint after every callback, so
+    it is taken after every row of its step is logged, and restarts the clock itself). Every step with a console
+    line, an evaluation or a checkpoint is a host-sync step; the updates between them never wait for the device."""
     tokens = cfg.train.total_batch_tokens
     e = cfg.eval
     bundle = (require_bundle(e.bundle_dir, f"eval.core_every={e.core_every}", "use eval.core_every=0")
@@ -276,8 +289,8 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT) -> list[L.Callba
                  AttentionDiagnostics(e.diag_every, tokens, e.diag_rows, run_dir),
                  CoreEvaluation(e.core_every, tokens, bundle, e.core_max_per_task)]
     if cfg.train.checkpoint_every > 0:
-        callbacks.append(PeriodicCheckpoint(run_dir, cfg.train.checkpoint_every, cfg.train.keep_checkpoints))
-    callbacks += [PreemptionCheckpoint(run_dir, metrics), clock]
+        callbacks.append(PeriodicCheckpoint(run_dir, cfg.train.checkpoint_every, cfg.train.keep_checkpoints, clock))
+    callbacks += [PreemptionCheckpoint(run_dir, metrics, cfg.train.checkpoint_every), clock]
     return callbacks
 
 
