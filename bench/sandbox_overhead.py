@@ -49,7 +49,7 @@ def main() -> None:
         print(f"\nHumanEval: {path} not found; set --bundle")
         return
     examples = [json.loads(line) for line in path.read_text().splitlines()]
-    programs = [humaneval_program(e, e["prompt"] + e["canonical_solution"]) for e in examples]
+    programs = [humaneval_program(e, e["prompt"] + e["canonical_solution"], marker="done") for e in examples]
     print(f"\nHumanEval, {len(programs)} canonical solutions through run_program:")
     for mode in modes:
         start = time.perf_counter()

@@ -19,10 +19,9 @@ from xsa_exp.eval.chat import (
     categorical_predictions,
     evaluate_chat,
     final_number,
-    humaneval_program,
+    run_humaneval,
     same_number,
 )
-from xsa_exp.eval.sandbox import run_program
 from xsa_exp.generate import CalculatorTool, calculate, generate
 from xsa_exp.model import GPTConfig
 
@@ -93,9 +92,19 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
         fenced = f"Here you go:\n```python\n{whole}\n```\nDone."
         body = example["canonical_solution"]
         for reply in (whole, fenced, body):
-            assert run_program(humaneval_program(example, reply), timeout_s=10).passed, example["task_id"]
+            assert run_humaneval(example, reply).passed, example["task_id"]
         wrong = example["prompt"] + "    return None\n"
-        assert not run_program(humaneval_program(example, wrong), timeout_s=10).passed
+        assert not run_humaneval(example, wrong).passed
+
+
+def test_a_humaneval_program_that_exits_before_its_tests_fails():
+    """Exit status 0 alone would pass code that leaves before check() runs."""
+    example = humaneval_examples(1)[0]
+    wrong = example["prompt"] + "    return None\n"
+    for ending in ("exit()", "import sys\nsys.exit(0)", "import os\nos._exit(0)",
+                   "if __name__ == '__main__':\n    import unittest\n    unittest.main()"):
+        outcome = run_humaneval(example, f"{wrong}\n{ending}\n")
+        assert (outcome.status, outcome.detail) == ("failed", "exited before its tests ran"), ending
 
 
 @pytest.mark.slow
@@ -103,7 +112,7 @@ def test_every_humaneval_canonical_solution_passes_in_the_sandbox():
     """The program assembly and the sandbox together must not fail a correct answer."""
     examples = humaneval_examples(None)
     failed = [e["task_id"] for e in examples
-              if not run_program(humaneval_program(e, e["prompt"] + e["canonical_solution"]), timeout_s=20).passed]
+              if not run_humaneval(e, e["prompt"] + e["canonical_solution"], timeout_s=20).passed]
     assert len(examples) == 164 and failed == []
 
 

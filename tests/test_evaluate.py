@@ -77,6 +77,31 @@ def test_core_on_the_real_bundle_writes_per_task_and_per_example_results(run_dir
     assert len(examples) == 36 and {"task", "index", "correct", "losses"} <= set(examples[0])
 
 
+@pytest.mark.skipif(not (BUNDLE / "core.yaml").is_file(),
+                    reason=f"eval bundle not found at {BUNDLE}; CORE tests need ../shared/eval_bundle")
+def test_core_and_chatcore_run_in_the_evaluation_precision(run_dir, monkeypatch):
+    """summary.json's precision is the one every metric was computed in, CORE and ChatCORE included."""
+    from xsa_exp import evaluate_run
+
+    class Called(Exception):
+        pass
+
+    seen = {}
+
+    def recording(metric):
+        def evaluate_metric(*args, **kwargs):
+            seen[metric] = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+            raise Called
+        return evaluate_metric
+
+    for metric, function in (("core", "evaluate_core"), ("chatcore", "evaluate_chat")):
+        monkeypatch.setattr(evaluate_run, function, recording(metric))
+        with pytest.raises(Called):
+            evaluate(eval_cfg(run_dir, f"eval.metrics=[{metric}]", "eval.precision=bf16-mixed",
+                              f"eval.bundle_dir={BUNDLE}"))
+    assert seen == {"core": torch.bfloat16, "chatcore": torch.bfloat16}
+
+
 def test_results_never_overwrite_earlier_ones(run_dir):
     first = evaluate(eval_cfg(run_dir, "eval.metrics=[bpb]"))
     before = {p: p.read_bytes() for p in first.iterdir()}

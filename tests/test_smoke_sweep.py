@@ -65,6 +65,20 @@ def test_multi_device_jobs_are_refused_under_joblib(tmp_path):
     assert result.stderr.startswith("config error: multi-device training inside a local Hydra sweep is not supported")
 
 
+def test_a_sweep_whose_job_directories_name_their_keys_is_checked_too(tmp_path):
+    """The README's ChatCORE base sweep names its jobs a${xsa.alpha}_s${seed}: started again, it is refused whole."""
+    from xsa_exp.config import preflight
+    from xsa_exp.errors import ConfigError
+
+    sweep = tmp_path / "sweep"
+    (sweep / "a1.0_s2").mkdir(parents=True)
+    (sweep / "a1.0_s2" / "config.yaml").write_text("seed: 2\n")
+    argv = ["-m", "seed=1,2", f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=a${xsa.alpha}_s${seed}"]
+    with pytest.raises(ConfigError, match=r"already holds runs \(job 1's directory .*a1.0_s2 is one\)"):
+        preflight("train", argv, REPO / "conf")
+    preflight("train", [*argv, "resume=auto"], REPO / "conf")  # continuing them is allowed
+
+
 def test_a_sweep_started_again_into_its_directory_is_refused_before_any_job(tmp_path):
     """Each job would refuse its own finished directory; the preflight refuses the whole sweep first, with one
     line, and touches nothing (a sweep relaunched by hand or by a queue script into the directory it filled)."""

@@ -406,11 +406,11 @@ def check_sweep_directory(runs: list[DictConfig]) -> None:
     for num, cfg in enumerate(runs):
         if cfg.resume == "auto":
             continue  # each job continues the run it finds, or skips it if complete
-        hydra_cfg = OmegaConf.masked_copy(cfg, ["hydra"]).hydra
-        with open_dict(hydra_cfg):
-            hydra_cfg.job.num = num  # Hydra numbers a sweep's jobs in the order the basic sweeper makes them
+        job = cfg.copy()  # the whole config: a subdir may name the job's keys (a${xsa.alpha}_s${seed})
+        with open_dict(job):
+            job.hydra.job.num = num  # Hydra numbers a sweep's jobs in the order the basic sweeper makes them
         try:  # resolved once: a ${now:...} in the directory would give another name each time
-            sweep_dir, subdir = hydra_cfg.sweep.dir, str(hydra_cfg.sweep.subdir)
+            sweep_dir, subdir = job.hydra.sweep.dir, str(job.hydra.sweep.subdir)
         except OmegaConfBaseException:
             return  # a directory resolved only inside the job (Hydra's runtime resolvers); the job checks it
         job_dir = Path(sweep_dir) / subdir

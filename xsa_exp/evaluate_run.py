@@ -69,8 +69,9 @@ def evaluate(cfg: DictConfig) -> Path | None:
                                                      data.token_bytes, autocast)
         summary["val_scope"] = data.val_scope(val_tokens)
     if "core" in metrics:
-        scores, summary["core"], core_files = core(model, run, bundle, options.core_max_per_task, rank, world_size,
-                                                   say)
+        with autocast():  # as during training (the Trainer's forward context), and as summary.json says
+            scores, summary["core"], core_files = core(model, run, bundle, options.core_max_per_task, rank,
+                                                       world_size, say)
         summary["metrics"].update(scores)
         files.update(core_files)
     if "diagnostics" in metrics and rank == 0:  # one batch: not worth sharing
@@ -78,7 +79,8 @@ def evaluate(cfg: DictConfig) -> Path | None:
             model, data.diagnostics_inputs(options.diag_rows or c.eval.diag_rows).to(device), autocast)
         summary["metrics"].update(means)
     if "chatcore" in metrics:
-        scores, chat_files = chatcore(run, options.chatcore, bundle, rank, world_size, say)
+        with autocast():
+            scores, chat_files = chatcore(run, options.chatcore, bundle, rank, world_size, say)
         summary["metrics"].update(scores)
         if chat_files[rd.CHATCORE_INFO]["sandbox"]:
             summary["sandbox"] = chat_files[rd.CHATCORE_INFO]["sandbox"]

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import random
 import re
+import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -39,7 +40,7 @@ from xsa_exp.data.sources import DataError
 from xsa_exp.data.tokenizer import Tokenizer
 from xsa_exp.eval.bundle import check_fields, data_path, read_examples
 from xsa_exp.eval.core import SHUFFLE_SEED, check_example
-from xsa_exp.eval.sandbox import isolation_mode, run_program
+from xsa_exp.eval.sandbox import ExecutionResult, isolation_mode, run_program
 from xsa_exp.generate import generate_batch
 from xsa_exp.model import evaluating
 
@@ -190,7 +191,8 @@ def same_number(predicted: str | None, reference: str) -> bool:
         return False
 
 
-def humaneval_program(example: dict, reply: str) -> str:
+def humaneval_program(example: dict, reply: str, marker: str) -> str:
+    """The reply's code, the task's tests and their call, then `marker` printed: the tests ran to their end."""
     blocks = re.findall(r"```(?:python)?[ \t]*\n(.*?)```", reply, re.DOTALL)
     code = blocks[0] if blocks else reply
     if f"def {example['entry_point']}(" not in code:  # the body alone: continue the prompt's signature
@@ -198,7 +200,19 @@ def humaneval_program(example: dict, reply: str) -> str:
     else:
         imports = [line for line in example["prompt"].splitlines() if line.startswith(("import ", "from "))]
         code = "\n".join(imports) + "\n\n" + code
-    return f"{code}\n\n{example['test']}\n\ncheck({example['entry_point']})\n"
+    return f"{code}\n\n{example['test']}\n\ncheck({example['entry_point']})\nprint({marker!r})\n"
+
+
+def run_humaneval(example: dict, reply: str, timeout_s: float = 10.0, memory_mb: int = 1024,
+                  sandbox: str | None = None) -> ExecutionResult:
+    """The reply's program in the sandbox. Exit status 0 is not enough to pass: code that exits early (`exit()`,
+    `sys.exit(0)`, a `unittest.main()` under `__main__`) exits 0 without running the tests, so the program must
+    also print its random marker, which follows them."""
+    marker = f"humaneval-tests-ran-{secrets.token_hex(8)}"
+    outcome = run_program(humaneval_program(example, reply, marker), timeout_s, memory_mb, sandbox)
+    if outcome.passed and marker not in outcome.stdout.split():
+        return replace(outcome, status="failed", detail="exited before its tests ran")
+    return outcome
 
 
 # -----------------------------------------------------------------------------
@@ -265,7 +279,7 @@ def task_records(task: str, batch: list[tuple[int, dict]], model, tokenizer: Tok
             records.append({"prediction": predicted, "answer": example["answer"],
                             "correct": same_number(predicted, example["answer"]), "index": index, "reply": reply})
         else:
-            outcome = run_program(humaneval_program(example, reply), timeout_s, memory_mb, sandbox)
+            outcome = run_humaneval(example, reply, timeout_s, memory_mb, sandbox)
             records.append({"prediction": outcome.status, "answer": "passed", "correct": outcome.passed,
                             "index": index, "reply": reply, "detail": outcome.detail})
     return records
