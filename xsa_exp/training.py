@@ -227,8 +227,10 @@ def build_trainer(cfg: DictConfig, run: dict, loggers: list, callbacks: list) ->
         logger=loggers, callbacks=callbacks,
         limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=cfg.train.checkpoint_every > 0,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=run["run_dir"])
-    # The run directory is ours; CSVLogger's "not empty" warning is about our config files.
+    # The run directory is ours: CSVLogger's "not empty" warning is about our config files, ModelCheckpoint's about
+    # the checkpoints a resumed run continues from.
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
     return trainer
 
 
