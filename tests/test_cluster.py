@@ -120,10 +120,27 @@ def test_available_cpus_follow_the_affinity():
      "hydra.launcher.nodes=1 tasks; submitit starts one process per device, so set hydra.launcher.tasks_per_node=2 "
      "and hydra.launcher.nodes=1 (hydra/launcher=slurm sets both)"),
     ([], "config error: hydra/launcher=submitit_* requeues a job at its time limit or preemption, and the requeued "
-         "job must continue its run; add resume=auto")])
+         "job must continue its run; add resume=auto"),
+    (["resume=auto", "trainer=ddp"],  # devices: auto
+     "config error: trainer.devices=auto: submitit starts one process per device and must know how many before the "
+     "job starts; set trainer.devices=<devices per node> (hydra/launcher=slurm takes its tasks and GPUs per node from "
+     "it)"),
+    (["resume=auto", "trainer=gpu", "trainer.devices=2", "train.device_batch_size=4",
+      "hydra.launcher.tasks_per_node=2"],
+     "config error: hydra/launcher=submitit_local shows each job hydra.launcher.gpus_per_node=None GPUs, and "
+     "trainer.devices=2 GPUs are needed; add hydra.launcher.gpus_per_node=2")])
 def test_a_submitit_sweep_is_checked_before_anything_is_submitted(tmp_path, overrides, message):
     sweep = tmp_path / "sweep"
     result = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=submitit_local", *overrides,
                              f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and not sweep.exists()
     assert result.stderr.strip().splitlines() == [message]
+
+
+def test_a_slurm_sweep_without_a_device_count_is_refused_before_submission(tmp_path):
+    """hydra/launcher=slurm takes its tasks and GPUs per node from trainer.devices: `auto` cannot be submitted."""
+    sweep = tmp_path / "sweep"
+    result = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=slurm", "trainer=ddp", "resume=auto",
+                             f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and not sweep.exists()
+    assert result.stderr.startswith("config error: trainer.devices=auto: submitit starts one process per device")

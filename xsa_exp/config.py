@@ -391,7 +391,8 @@ def preflight(config_name: str, argv: list[str], conf_dir: Path) -> list[DictCon
                for cfg in runs):
             raise ConfigError("multi-device training inside a local Hydra sweep is not supported; run each multi-GPU "
                               "job as its own `python train.py ...`, sweep with hydra/launcher=submitit_local "
-                              "hydra.launcher.tasks_per_node=<devices>, or on a cluster with hydra/launcher=slurm")
+                              "hydra.launcher.tasks_per_node=<devices> (and gpus_per_node=<devices> on GPUs), or on a "
+                              "cluster with hydra/launcher=slurm")
         for cfg in runs:
             check_submitit_job(cfg)
         check_sweep_directory(runs)
@@ -429,14 +430,23 @@ def check_submitit_job(cfg: DictConfig) -> None:
     if cfg.resume != "auto":
         raise ConfigError("hydra/launcher=submitit_* requeues a job at its time limit or preemption, and the requeued "
                           "job must continue its run; add resume=auto")
-    if not isinstance(cfg.trainer.devices, int) or isinstance(cfg.trainer.devices, bool):
-        return  # "auto" is resolved on the node
+    per_node = cfg.trainer.devices
+    if not isinstance(per_node, int) or isinstance(per_node, bool) or per_node < 1:
+        raise ConfigError(f"trainer.devices={per_node}: submitit starts one process per device and must know how many "
+                          "before the job starts; set trainer.devices=<devices per node> (hydra/launcher=slurm takes "
+                          "its tasks and GPUs per node from it)")
     devices = world_size(cfg.trainer)
     if launcher.tasks_per_node * launcher.nodes != devices or launcher.nodes != cfg.trainer.num_nodes:
         raise ConfigError(f"trainer.devices x trainer.num_nodes = {devices} devices, but hydra.launcher.tasks_per_node="
                           f"{launcher.tasks_per_node} x hydra.launcher.nodes={launcher.nodes} tasks; submitit starts "
-                          f"one process per device, so set hydra.launcher.tasks_per_node={cfg.trainer.devices} and "
+                          f"one process per device, so set hydra.launcher.tasks_per_node={per_node} and "
                           f"hydra.launcher.nodes={cfg.trainer.num_nodes} (hydra/launcher=slurm sets both)")
+    # submitit's local executor shows a job only gpus_per_node GPUs (none when unset: CUDA_VISIBLE_DEVICES="").
+    if launcher._target_.endswith("LocalLauncher") and cfg.trainer.accelerator in ("gpu", "cuda") \
+            and (launcher.gpus_per_node or 0) < per_node:
+        raise ConfigError(f"hydra/launcher=submitit_local shows each job hydra.launcher.gpus_per_node="
+                          f"{launcher.gpus_per_node} GPUs, and trainer.devices={per_node} GPUs are needed; add "
+                          f"hydra.launcher.gpus_per_node={per_node}")
 
 
 def _devices_known(cfg: DictConfig) -> bool:
