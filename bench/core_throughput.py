@@ -40,7 +40,6 @@ def main() -> None:
     args = parser.parse_args()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"depth={args.depth}"])
-    model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa)).to(args.device)
     # --bundle, else $XSA_EXP_EVAL_BUNDLE, else the cache, else this repository's ../shared/eval_bundle (the dev VM's)
     bundle = resolve_bundle_dir(args.bundle)
     if bundle_problem(bundle) and not args.bundle and not bundle_problem(REPO.parent / "shared" / "eval_bundle"):
@@ -49,6 +48,7 @@ def main() -> None:
         print(f"CORE throughput skipped: the eval bundle is {bundle_problem(bundle)} "
               "(python -m xsa_exp.eval.bundle download, or --bundle / $XSA_EXP_EVAL_BUNDLE)")
         return
+    model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa)).to(args.device)
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if args.device == "cuda"
                 else torch.autocast("cpu", enabled=False))
     start = time.perf_counter()
