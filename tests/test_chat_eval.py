@@ -95,6 +95,7 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
             assert run_humaneval(example, reply).passed, example["task_id"]
         wrong = example["prompt"] + "    return None\n"
         assert not run_humaneval(example, wrong).passed
+        assert run_humaneval(example, f"{whole}\nprint('no newline', end='')\n").passed  # the marker still found
 
 
 def test_a_humaneval_program_that_exits_before_its_tests_fails():

@@ -14,6 +14,7 @@ import torch
 
 from tests.conftest import REPO, SMALL
 from xsa_exp.config import ConfigError
+from xsa_exp.run_dir import RunError
 from xsa_exp.training import train
 
 pytestmark = pytest.mark.slow
@@ -118,6 +119,12 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, small_cfg, monkeypat
     train(cfg, run_dir)
     attempts = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
     assert len(attempts) == 2 and all(name.endswith(f"-{wandb_id}") for name in attempts), attempts
+    info = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({k: v for k, v in info.items() if k != "wandb_id"}))
+    (run_dir / "checkpoints" / "final.ckpt").unlink()
+    (run_dir / "status.json").write_text(json.dumps({"status": "interrupted", "step": 4, "error": None}))
+    with pytest.raises(RunError, match="has no wandb_id .* start the run again in a new directory"):
+        train(cfg, run_dir)
     # The next run in this process (a sweep's next job under Hydra's basic or joblib launcher) gets its own wandb run.
     other = train(cfg, tmp_path / "other")
     other_id = json.loads((other / "run.json").read_text())["wandb_id"]

@@ -257,6 +257,8 @@ def test_resuming_on_a_changed_corpus_is_one_line_naming_the_fix(tmp_path, cache
     cfg = compose_config("data=local", f"data.path={folder}/*.jsonl", "data.tokenizer_chars=20000")
     state = datamodule(cfg, cache).state_dict()
     datamodule(cfg, cache).load_state_dict(state)  # the same files: resumes
+    with pytest.raises(DataError, match="holds no tokenizer key"):
+        datamodule(cfg, cache).load_state_dict({"rows_consumed": state["rows_consumed"]})
     os.utime(folder / "a.jsonl", ns=(0, 0))
     with pytest.raises(DataError) as e:
         datamodule(cfg, cache).load_state_dict(state)

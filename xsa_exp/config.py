@@ -432,6 +432,8 @@ def check_submitit_job(cfg: DictConfig) -> None:
                           "job must continue its run; add resume=auto")
     per_node = cfg.trainer.devices
     if not isinstance(per_node, int) or isinstance(per_node, bool) or per_node < 1:
+        if cfg.trainer.accelerator == "cpu" and launcher._target_.endswith("LocalLauncher"):
+            return  # one CPU process, as the one task
         raise ConfigError(f"trainer.devices={per_node}: submitit starts one process per device and must know how many "
                           "before the job starts; set trainer.devices=<devices per node> (hydra/launcher=slurm takes "
                           "its tasks and GPUs per node from it)")

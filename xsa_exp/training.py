@@ -151,7 +151,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     arm = Arm.run_keys_of(cfg)
     run = describe_run(cfg, run_dir, model, resolve_max_steps(cfg.train, model, datamodule), base, arm)
     if cfg.logger.wandb is not None:  # one wandb run across requeues and resumes: its id is kept in run.json
-        run["wandb_id"] = rd.read_run_info(run_dir)["wandb_id"] if resume_from else secrets.token_hex(4)
+        run["wandb_id"] = resumed_wandb_id(run_dir) if resume_from else secrets.token_hex(4)
     # before the run's files are written: a run that fails this check leaves nothing that blocks its rerun
     check_schedule(run["max_steps"], cfg.optim.schedule.warmup_steps, cfg.optim.schedule.warmdown_frac)
     print_start(model, cfg, run)
@@ -185,6 +185,14 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     save_status(run_dir, "completed", trainer.global_step)
     rank_zero_info(f"done: metrics {run_dir / rd.METRICS}, checkpoint {rd.final_checkpoint(run_dir)}")
     return run_dir
+
+
+def resumed_wandb_id(run_dir: Path) -> str:
+    wandb_id = rd.read_run_info(run_dir).get("wandb_id")
+    if wandb_id is None:
+        raise RunError(f"{run_dir / rd.RUN} has no wandb_id (written before xsa-exp recorded one), so its wandb run "
+                       "cannot be continued; start the run again in a new directory")
+    return wandb_id
 
 
 def previous_attempt(cfg: DictConfig, run_dir: Path) -> tuple[bool, str | None]:

@@ -179,6 +179,9 @@ class TextDataModule(L.LightningDataModule):
         # The key names the corpus (for data=local: each training file's name, size and modification time), the
         # tokenizer's sample and vocabulary: another key would mean other token ids and another stream than the
         # checkpoint's weights and rows_consumed were made with.
+        if "tokenizer_key" not in state:
+            raise DataError("this run's checkpoint holds no tokenizer key (written before xsa-exp recorded one), so "
+                            "its data cannot be checked; start it again in a new directory")
         if state["tokenizer_key"] != self.tokenizer_key:
             raise DataError(f"this run was trained on data with tokenizer key {state['tokenizer_key']}, and its data "
                             f"settings now give {self.tokenizer_key}: the corpus changed since (for data=local: a "

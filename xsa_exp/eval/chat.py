@@ -200,7 +200,8 @@ def humaneval_program(example: dict, reply: str, marker: str) -> str:
     else:
         imports = [line for line in example["prompt"].splitlines() if line.startswith(("import ", "from "))]
         code = "\n".join(imports) + "\n\n" + code
-    return f"{code}\n\n{example['test']}\n\ncheck({example['entry_point']})\nprint({marker!r})\n"
+    # On a line of its own: the reply's code may have left its last output without a newline.
+    return f"{code}\n\n{example['test']}\n\ncheck({example['entry_point']})\nprint()\nprint({marker!r})\n"
 
 
 def run_humaneval(example: dict, reply: str, timeout_s: float = 10.0, memory_mb: int = 1024,
@@ -210,7 +211,7 @@ def run_humaneval(example: dict, reply: str, timeout_s: float = 10.0, memory_mb:
     also print its random marker, which follows them."""
     marker = f"humaneval-tests-ran-{secrets.token_hex(8)}"
     outcome = run_program(humaneval_program(example, reply, marker), timeout_s, memory_mb, sandbox)
-    if outcome.passed and marker not in outcome.stdout.split():
+    if outcome.passed and marker not in outcome.stdout:
         return replace(outcome, status="failed", detail="exited before its tests ran")
     return outcome
 

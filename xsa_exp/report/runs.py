@@ -30,11 +30,12 @@ class RunProblem(Exception):
 
 # Config keys whose values, where they differ between runs of one depth, make those runs different settings (e.g.
 # "tiny · sequence_len=512"), compared and trended apart: the stack, the model's shape and switches, the optimizer's
-# hyperparameters, the training length (as resolved: see load_run), batch and clipping, the corpus and its tokenizer,
-# the precision and compilation (both move the last bits). The arm's keys (xsa.* but its eps, the optimizer) and the
-# seed are not settings, nor is a key that only the optimizer arm changes (optim=adamw's matrix lr).
+# hyperparameters, the training length (by the key that set it: see load_run), batch and clipping, the corpus and
+# its tokenizer, the precision and compilation (both move the last bits). The arm's keys (xsa.* but its eps, the
+# optimizer) and the seed are not settings, nor is a key that only the optimizer arm changes (optim=adamw's matrix lr).
+LENGTH_KEYS = ("train.max_steps", "train.target_tokens", "train.epochs", "train.param_data_ratio")
 SETTING_KEYS = ("stack_name", "model.", "xsa.eps", "optim.width_lr_scaling", "optim.muon.", "optim.lr.",
-                "optim.adamw.", "optim.schedule.", "train.max_steps", "train.total_batch_tokens", "train.grad_clip",
+                "optim.adamw.", "optim.schedule.", *LENGTH_KEYS, "train.total_batch_tokens", "train.grad_clip",
                 "train.compile", "data.name", "data.tokenizer_chars", "trainer.precision")
 
 
@@ -149,8 +150,10 @@ def load_run(path: Path, label: str) -> Run:
             raw = pd.DataFrame({"step": pd.Series(dtype=str)})
         status = rd.read_status(path)
         config = leaves(yaml.safe_load((path / rd.CONFIG).read_text()) or {})
-        # The length it trained for: train.max_steps, or the one train.target_tokens, epochs or param_data_ratio gave.
-        config["train.max_steps"] = int(info["max_steps"])
+        # The run's length is a setting by the key that set it (the first of LENGTH_KEYS given, as training reads
+        # them): the others were ignored. Not the resolved step count, which an epoch of SFT rows varies by seed.
+        deciding = next((k for k in LENGTH_KEYS if config.get(k)), None)
+        config = {k: v for k, v in config.items() if k not in LENGTH_KEYS or k == deciding}
         arm = Arm.of_run(info, str(config["xsa.parametrization"]))
         depth, seed = stage_depth(info), int(info["seed"])
     except (OSError, ValueError, yaml.YAMLError) as e:  # JSONDecodeError and pandas' parser errors are ValueErrors
