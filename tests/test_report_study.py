@@ -19,8 +19,11 @@ T2, T3 = 12.7062047, 4.30265273  # t quantiles 0.975 with 1 and 2 degrees of fre
 
 
 def csv_rows(report):
+    """numbers.csv as (depth, arm, metric, statistic) -> value; each key is written once."""
     with open(report.parent / "numbers.csv", newline="") as f:
-        return {(r["depth"], r["arm"], r["metric"], r["statistic"]): number(r["value"]) for r in csv.DictReader(f)}
+        rows = [((r["depth"], r["arm"], r["metric"], r["statistic"]), number(r["value"])) for r in csv.DictReader(f)]
+    assert len(dict(rows)) == len(rows), "numbers.csv holds a key twice"
+    return dict(rows)
 
 
 def number(value: str) -> float | str:
@@ -125,6 +128,7 @@ def test_lr_stability_counts_diverged_and_failed_runs(tmp_path):
     report = build_report([study], tmp_path / "out")
     text = report.read_text()
     got = numbers(report)
+    csv_rows(report)  # the stability table's paired Δ is the results' row, not a second copy of it
     x8, b8 = f"{XSA} · lr×8", "muon · no XSA · lr×8"
     assert got[x8, "stability", "runs"] == 3 and got[x8, "stability", "diverged"] == 2
     assert got[b8, "stability", "runs"] == 2 and got[b8, "stability", "diverged"] == 0

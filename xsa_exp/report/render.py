@@ -209,8 +209,7 @@ def stability_section(depth: str, rows: list[StabilityRow], out: Numbers) -> lis
         label = row.arm.label
         for statistic, value in (("runs", row.runs), ("diverged", row.diverged), ("spikes", row.spikes)):
             out.add(depth, label, "stability", statistic, value)
-        out.estimate(depth, label, "val/bpb", "finite_mean", row.val_bpb)
-        out.estimate(depth, label, "val/bpb", "paired_delta", row.paired)
+        out.estimate(depth, label, "val/bpb", "finite_mean", row.val_bpb)  # its paired Δ: results_numbers'
     return ["### Learning-rate stability", "",
             "Every run of each optimizer × α × lr scale, failed and unfinished ones included. diverged: a non-finite "
             "train/loss or val/bpb in metrics.csv (a skipped step included), or a run stopped on a non-finite loss "
