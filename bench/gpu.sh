@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU figure in one command, sized to end inside one 10-minute call on one H100/H200 (about 8.5 minutes:
+# Every GPU figure in one command, sized to end inside one 10-minute call on one H100/H200 (at most 520 s:
 # each part has a time bound; what finished is kept, what did not says so). It needs no eval bundle and no corpus.
 # On a machine with the CUDA build of torch and the project installed (README, "Install and test"):
 #   bash bench/gpu.sh                                   # writes gpu_bench.txt and gpu_runs.json
@@ -24,12 +24,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 # First the real train.py at d12 and d24, compiled and eager, at the presets' micro-batches: tokens/s, MFU, peak
 # memory against the prediction, first-update (compile) time; the exactness checks on the device; the count of
 # synchronizing CUDA calls between host syncs. gpu_runs.json is rewritten after each part.
-timeout 270 "$PYTHON" bench/gpu_runs.py --steps 6 --budget-s 200 --out "$OUT/gpu_runs.json" \
-    || echo "bench/gpu_runs.py: stopped at its 270 s bound, or failed (above)"
+timeout 320 "$PYTHON" bench/gpu_runs.py --steps 6 --budget-s 290 --out "$OUT/gpu_runs.json" \
+    || echo "bench/gpu_runs.py: stopped at its 320 s bound, or failed (above)"
 # The XSA overhead ratio alpha=1 / alpha=0 with its 95% interval (interleaved repeats, compiled, bf16).
-timeout 150 "$PYTHON" bench/xsa_overhead.py --mode gpu --depths d12 --repeats 10 \
-    || echo "bench/xsa_overhead.py: stopped at its 150 s bound, or failed (above)"
-timeout 45 "$PYTHON" bench/core_throughput.py --depth d12 --device cuda --max-per-task 50 \
-    || echo "bench/core_throughput.py: stopped at its 45 s bound, or failed (above)"   # skips without a bundle
-timeout 45 "$PYTHON" bench/generation.py --depth d12 --device cuda --new-tokens 256 --samples 8 \
-    || echo "bench/generation.py: stopped at its 45 s bound, or failed (above)"
+timeout 120 "$PYTHON" bench/xsa_overhead.py --mode gpu --depths d12 --repeats 10 \
+    || echo "bench/xsa_overhead.py: stopped at its 120 s bound, or failed (above)"
+timeout 40 "$PYTHON" bench/core_throughput.py --depth d12 --device cuda --max-per-task 50 \
+    || echo "bench/core_throughput.py: stopped at its 40 s bound, or failed (above)"   # skips without a bundle
+timeout 40 "$PYTHON" bench/generation.py --depth d12 --device cuda --new-tokens 256 --samples 8 \
+    || echo "bench/generation.py: stopped at its 40 s bound, or failed (above)"

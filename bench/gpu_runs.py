@@ -29,6 +29,7 @@ BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import json
 import os
@@ -95,7 +96,15 @@ def throughput_run(name: str, overrides: list[str], compiled: bool, workdir: Pat
             "peak_memory_gb": max(float(r["train/peak_memory_gb"]) for r in rows),
             "first_updates_s": tokens_per_step / float(rows[0]["train/tokens_per_sec"]),
             "steady_update_s": tokens_per_step / tokens_per_sec,
-            "recompiles": result.stderr.count("Recompiling function")}
+            "recompiles": result.stderr.count("Recompiling function"),
+            "recompile_reasons": recompile_reasons(result.stderr)}
+
+
+def recompile_reasons(log: str) -> list[str]:
+    """TORCH_LOGS=recompiles' lines (which function recompiled, which guard failed), without their timestamps,
+    each once."""
+    lines = [line.split("[__recompiles]", 1)[1].strip() for line in log.splitlines() if "[__recompiles]" in line]
+    return list(dict.fromkeys(lines))[:30]
 
 
 def exactness_checks(device: str, smoke: bool) -> dict:
@@ -153,9 +162,10 @@ def largest_cos_z_v(model: GPT, idx: torch.Tensor) -> float:
     return max(worst)
 
 
-def synchronizing_calls_between_host_syncs(smoke: bool) -> int | str:
-    """Synchronizing CUDA calls made by the updates that are not host-sync steps of a short compiled bf16 run (on a
-    machine without CUDA the same run, to test the plumbing, with nothing to count)."""
+def synchronizing_calls_between_host_syncs(smoke: bool) -> dict | str:
+    """Synchronizing CUDA calls made by the updates that are not host-sync steps of a short compiled bf16 run, and
+    the Python lines that made them, each with its count (on a machine without CUDA the same run, to test the
+    plumbing, with nothing to count)."""
     import lightning as L
 
     from xsa_exp import training
@@ -186,7 +196,10 @@ def synchronizing_calls_between_host_syncs(smoke: bool) -> int | str:
             torch.cuda.set_sync_debug_mode("default")
     if not cuda:
         return "run completed; no CUDA, nothing to count"
-    return sum("synchroniz" in str(w.message) for w in caught)
+    # torch's own words for a synchronizing call (its notice that sync debug mode is a prototype is not one)
+    sites = collections.Counter(f"{w.filename}:{w.lineno}" for w in caught
+                                if "called a synchronizing CUDA operation" in str(w.message))
+    return {"count": sum(sites.values()), "sites": dict(sites)}
 
 
 def main() -> None:
@@ -195,6 +208,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, to test the script on any device")
     parser.add_argument("--budget-s", type=float, default=330, help="seconds for every part together")
     parser.add_argument("--out", type=Path, default=Path("gpu_runs.json"))
+    runs_named = [f"{preset}_{mode}" for mode in ("compiled", "eager") for preset in PRESETS]
+    parser.add_argument("--runs", nargs="*", choices=runs_named, default=runs_named,
+                        help="the throughput runs, in this order (default: all; none: only the checks)")
     args = parser.parse_args()
     started = time.monotonic()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -218,15 +234,15 @@ def main() -> None:
         write_corpus(workdir / "corpus", files=3, docs=300 if args.smoke else 3000)  # learns a 32,768-token BPE
         os.environ["XSA_EXP_CACHE"] = str(workdir / "cache")  # one tokenizer, learned by the first run
         data = ["data=local", f"data.path={workdir / 'corpus'}", "data.tokenizer_chars=20000000"]
-        for compiled in (True, False):  # compiled first: the presets' default
-            for preset in PRESETS:
-                run = f"{preset}_{'compiled' if compiled else 'eager'}"
-                if left() - SYNC_RUN_S < 30:
-                    runs.append({"run": run, "compiled": compiled, "skipped": "out of the time budget"})
-                    continue
-                shape = [f"depth={preset}", *data, *(SMOKE if args.smoke else [])]
-                runs.append(throughput_run(run, shape, compiled, workdir, args.steps, left() - SYNC_RUN_S))
-                args.out.write_text(json.dumps(figures, indent=1))
+        for run in args.runs:  # compiled first by default: the presets' default
+            preset, mode = run.split("_")
+            compiled = mode == "compiled"
+            if left() - SYNC_RUN_S < 30:
+                runs.append({"run": run, "compiled": compiled, "skipped": "out of the time budget"})
+                continue
+            shape = [f"depth={preset}", *data, *(SMOKE if args.smoke else [])]
+            runs.append(throughput_run(run, shape, compiled, workdir, args.steps, left() - SYNC_RUN_S))
+            args.out.write_text(json.dumps(figures, indent=1))
     if cache is None:
         os.environ.pop("XSA_EXP_CACHE")
     else:
@@ -251,6 +267,9 @@ def main() -> None:
         print(f"| {r['run']} | {r['device_batch_size']} | {r['tokens_per_sec']:,.0f} | {mfu} "
               f"| {r['peak_memory_gb']:.1f} ({r['predicted_peak_gb']:.1f}) | {r['first_updates_s']:.1f} "
               f"| {r['steady_update_s']:.2f} | {r['recompiles']} |")
+    for r in runs:
+        for reason in r.get("recompile_reasons", []):
+            print(f"{r['run']}: {reason}")
     for check, value in figures["checks"].items():
         print(f"{check}: {value}")
 

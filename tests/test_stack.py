@@ -115,21 +115,37 @@ def test_the_training_forward_attends_through_block_masks_and_evaluation_through
         assert calls == []
 
 
-def test_the_compiled_training_forward_has_one_graph_with_windows(monkeypatch):
+def test_the_compiled_training_forward_has_one_graph_with_windows():
     """A block mask built inside the compiled forward would break the graph at every windowed layer; built by
-    use_block_masks, the training forward through FlexAttention is one graph (traced here on the CPU)."""
+    use_block_masks, the training forward through FlexAttention is one graph (traced here on the CPU, through the
+    same code as on CUDA)."""
     import torch._dynamo
-    from torch.nn.attention.flex_attention import flex_attention
 
-    from xsa_exp.model import gpt
-
-    monkeypatch.setattr(gpt, "compiled_flex_attention", lambda: flex_attention)
     model = windowed_model().train().requires_grad_(False)
     model.use_block_masks(256, torch.device("cpu"))
     idx = torch.randint(0, 512, (2, 257))
     explained = torch._dynamo.explain(model.forward)(idx[:, :-1], idx[:, 1:])
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
     assert sum("flex_attention" in str(op) for op in explained.ops_per_graph[0]) == 3  # the windowed layers
+
+
+def test_under_bf16_autocast_every_layer_attends_over_bf16_values(monkeypatch):
+    """The value-embedding layers too: mixed into v in fp32, the embedding would make v fp32 there (attention and
+    XSA in fp32 in half the layers; on CUDA, a recompile of the compiled forward per dtype)."""
+    from xsa_exp.model import gpt
+
+    seen = []
+
+    def recorded(q, k, v, window, block_mask=None):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return causal_attention(q, k, v, window, block_mask)
+
+    monkeypatch.setattr(gpt, "causal_attention", recorded)
+    model = windowed_model()
+    assert sum(block.attn.ve_gate is not None for block in model.blocks) >= 1
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randint(0, 512, (2, 64)))
+    assert seen == [(torch.bfloat16,) * 3] * len(model.blocks)
 
 
 def test_xsa_with_gqa_projects_each_query_head_on_its_groups_value():

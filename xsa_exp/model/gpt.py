@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import flex_attention
 
 from xsa_exp.model.layout import SMEAR_GATE_CHANNELS, value_embedding_layers
 from xsa_exp.model.xsa_op import exclusive_self_attention, initial_theta, learnable_alpha
@@ -152,7 +153,10 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     if window is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     if block_mask is not None and tuple(block_mask.seq_lengths) == (q.size(2), k.size(2)):
-        return compiled_flex_attention()(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+        # inside the compiled training forward, the plain op (the outer compile makes it the kernel): tracing
+        # torch.compile itself broke the graph there on torch 2.11 (seen on an H200)
+        flex = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
+        return flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
     mask = window_mask(torch.arange(q.size(2), device=q.device), k.size(2), window)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
@@ -160,7 +164,6 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
 @functools.cache
 def compiled_flex_attention():
     """FlexAttention runs as a kernel only compiled (eager, it computes every score)."""
-    from torch.nn.attention.flex_attention import flex_attention
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -276,7 +279,10 @@ class CausalSelfAttention(nn.Module):
         v_plain = v
         if ve is not None:
             gate = 3 * torch.sigmoid(self.ve_gate(x[..., : self.ve_gate_channels]))  # (B, T, H_kv)
-            v = v + gate.transpose(1, 2).unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+            # ve in v's dtype: an fp32 embedding would make v fp32 under bf16 autocast (attention and XSA in fp32,
+            # a recompile per dtype)
+            ve = ve.to(v.dtype).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+            v = v + gate.transpose(1, 2).unsqueeze(-1) * ve
         if self.qk_norm:
             q, k = norm(q), norm(k)
         if cos_sin is not None:
