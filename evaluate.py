@@ -1,15 +1,11 @@
 """Evaluate a trained run: python evaluate.py run=<run dir or checkpoint>
 [eval.metrics=[bpb,core,diagnostics,chatcore]]. See README."""
 
-from pathlib import Path
-
 import hydra
 from omegaconf import DictConfig
 
-from xsa_exp.config import check_command_line
+from xsa_exp.config.preflight import run_app
 from xsa_exp.errors import exit_on_user_error
-
-CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
@@ -21,5 +17,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line("evaluate", CONF_DIR)  # every key, before anything is loaded
-    main()
+    run_app(main, "evaluate")  # the preflight callback (conf/evaluate.yaml) checks the settings first

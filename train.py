@@ -7,15 +7,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
-from xsa_exp.config import check_command_line
+from xsa_exp.config.preflight import run_app
 from xsa_exp.errors import exit_on_user_error
-
-CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    from xsa_exp.training import train  # imported here so config errors stay fast
+    from xsa_exp.training.run import train  # imported here so config errors stay fast
 
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.wandb is not None and cfg.logger.wandb.group is None:
@@ -26,5 +24,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line("train", CONF_DIR)  # every key and sweep job, before Hydra creates anything
-    main()
+    run_app(main, "train")  # the preflight callback (conf/train.yaml) checks every run and sweep job first

@@ -47,11 +47,11 @@ import torch.nn.functional as F
 from data_loader import write_corpus  # bench/data_loader.py, beside this script: documents of random words
 from hydra import compose, initialize_config_dir
 
-from xsa_exp.callbacks import HostSync
 from xsa_exp.generate import generate
 from xsa_exp.memory import predicted_peak_bytes
 from xsa_exp.model import GPT, GPTConfig, XSASettings, exclusive_self_attention, gpt
 from xsa_exp.model.gpt import causal_attention, window_block_mask, window_mask
+from xsa_exp.training.metrics_log import HostSync
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("d12", "d24")
@@ -168,7 +168,7 @@ def synchronizing_calls_between_host_syncs(smoke: bool) -> dict | str:
     plumbing, with nothing to count)."""
     import lightning as L
 
-    from xsa_exp import training
+    from xsa_exp.training import run as training
 
     cuda = torch.cuda.is_available()
 

@@ -181,8 +181,8 @@ class StepClock(L.Callback):
 
 def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: int):
     """Per-step wall time of Trainer.fit vs a bare loop, alternating blocks of `block` steps."""
-    from xsa_exp.callbacks import TrainMetrics
-    from xsa_exp.lightning_module import LanguageModel
+    from xsa_exp.training.metrics_log import TrainMetrics
+    from xsa_exp.training.module import LanguageModel
 
     cfg = compose_cfg(shape)
     batch = torch.randint(0, cfg.model.vocab_size, (batch_size, cfg.model.sequence_len + 1),

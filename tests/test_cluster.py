@@ -138,10 +138,10 @@ def test_a_submitit_sweep_is_checked_before_anything_is_submitted(tmp_path, over
 
 
 def test_a_one_task_cpu_job_under_submitit_local_needs_no_device_count(tmp_path):
-    from xsa_exp.config import preflight
+    from tests.hydra_app import preflight
 
     preflight("train", ["-m", "hydra/launcher=submitit_local", "trainer=ddp", "trainer.accelerator=cpu", "resume=auto",
-                        f"hydra.sweep.dir={tmp_path / 'sweep'}"], REPO / "conf")
+                        f"hydra.sweep.dir={tmp_path / 'sweep'}"])
 
 
 def test_a_slurm_sweep_without_a_device_count_is_refused_before_submission(tmp_path):

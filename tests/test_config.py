@@ -5,7 +5,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, REPO, compose_config
-from xsa_exp.config import SAMPLE_CORPUS_MAX_VOCAB, ConfigError, validate
+from xsa_exp.config.checks import SAMPLE_CORPUS_MAX_VOCAB, validate
+from xsa_exp.errors import ConfigError
 from xsa_exp.eval.bundle import BundleError
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
@@ -113,27 +114,6 @@ def test_bad_config_exits_before_creating_a_run_directory(args, message, tmp_pat
     assert not run_dir.exists()
 
 
-def test_the_preflight_reads_every_flag_hydra_has():
-    """The preflight parses the command line with Hydra's flags (its parser is not public API): every flag
-    `--hydra-help` lists must be known to it, with the same short forms."""
-    import re
-
-    from xsa_exp.config import hydra_command_line
-
-    help_text = subprocess.run([sys.executable, "train.py", "--hydra-help"], cwd=REPO, capture_output=True, text=True,
-                               check=True).stdout
-    listed = {flag for line in re.findall(r"^(-[-\w,]+) : ", help_text, re.M) for flag in line.split(",")}
-    assert "--multirun" in listed and "-cn" in listed
-    for flag in listed:
-        value = [] if flag in ("--help", "-h", "--hydra-help", "--version", "--resolve", "--run", "-r", "--multirun",
-                               "-m", "--shell-completion", "-sc", "--info", "-i") else ["x"]
-        if flag in ("--cfg", "-c"):
-            value = ["job"]
-        hydra_command_line([flag, *value, "seed=2"])  # argparse exits on an unknown flag
-    args = hydra_command_line(["-m", "-cn", "evaluate", "xsa.alpha=0,1", "seed=3"])
-    assert args.multirun and args.config_name == "evaluate" and args.overrides == ["xsa.alpha=0,1", "seed=3"]
-
-
 def test_slurm_launcher_composes_with_one_task_per_gpu():
     from hydra import compose, initialize_config_dir
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -147,14 +127,15 @@ def test_slurm_launcher_composes_with_one_task_per_gpu():
 def test_run_directory_names_say_the_arm():
     from xsa_exp.arm import Arm
 
-    assert Arm.dir_name(1.0, False) == "a1.0" and Arm.dir_name(0.0, False) == "a0.0"
-    assert Arm.dir_name(0.5, True) == "learnable_from_a0.5"
+    assert Arm.run_name("tiny", 1.0, False, "base") == "tiny_a1.0"
+    assert Arm.run_name("d12", 0.0, False, "base") == "d12_a0.0"
+    assert Arm.run_name("d24", 0.5, True, "sft") == "d24_learnable_from_a0.5_sft"
 
 
 @pytest.mark.parametrize("native, width, expected", [(True, 768, "bf16-mixed"), (True, 1024, "bf16-mixed"),
                                                      (True, 256, "32-true"), (False, 768, "32-true")])
 def test_precision_auto_on_cpu_follows_the_measured_rule(monkeypatch, native, width, expected):
-    from xsa_exp import training
+    from xsa_exp.training import run as training
 
     monkeypatch.setattr(training.torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: native)
@@ -202,12 +183,12 @@ def schema_default(schema, path: tuple):
 
 
 def test_conf_files_set_only_what_differs_from_the_schema():
-    """Each default and its help live once, in xsa_exp/schema.py: a group option (or train.yaml, evaluate.yaml)
+    """Each default and its help live once, in xsa_exp/config/schema.py: a group option (or train.yaml, evaluate.yaml)
     that sets a key to the schema's own default repeats it. Stages and experiments are exempt: they override
     the choices of other options (stage=sft's warmup 0 undoes a stack's 40)."""
     import yaml
 
-    from xsa_exp.schema import DATA_SCHEMAS, EvaluateConfig, TrainConfig
+    from xsa_exp.config.schema import DATA_SCHEMAS, EvaluateConfig, TrainConfig
     train, repeats = OmegaConf.structured(TrainConfig), []
     for file in sorted(CONF_DIR.rglob("*.yaml")):
         group, text = file.parent.relative_to(CONF_DIR).parts, file.read_text()

@@ -22,15 +22,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tests.conftest import CONF_DIR, REPO, compose_config
-from xsa_exp.config import (
-    SAMPLE_CORPUS_MAX_VOCAB,
-    ConfigError,
-    composition_error,
-    preflight,
-    validate,
-    validate_evaluate,
-)
-from xsa_exp.config_keys import KEYS_BEGIN, KEYS_END, Leaf, _optional, leaves, markdown
+from tests.hydra_app import preflight
+from xsa_exp.config.checks import SAMPLE_CORPUS_MAX_VOCAB, validate, validate_evaluate
+from xsa_exp.config.docs import KEYS_BEGIN, KEYS_END, markdown
+from xsa_exp.config.keys import Leaf, _optional, leaves
+from xsa_exp.config.preflight import composition_error
+from xsa_exp.errors import ConfigError
 
 FIXTURES = REPO / "tests" / "fixtures" / "chat"
 
@@ -117,7 +114,7 @@ def check_override(config_name: str, base: DictConfig, override: str) -> None:
 def refusal(config_name: str, overrides: list[str], base=None) -> str:
     with pytest.raises(ConfigError) as info:
         if base is None:
-            preflight(config_name, overrides, CONF_DIR)
+            preflight(config_name, overrides)
         else:
             check_override(config_name, base, overrides[-1])
     return str(info.value)
@@ -127,7 +124,7 @@ def test_every_key_refuses_wrong_types_and_out_of_range_values_in_one_line(bases
     before = tree(tmp_path, cache_dir)
     keys, values, unknown, composed, failures = set(), 0, 0, 0, []
     for label, (config_name, base) in bases.items():
-        cfg = preflight(config_name, base, CONF_DIR)[0]  # the base itself is valid
+        cfg = preflight(config_name, base)[0]  # the base itself is valid
         found = list(leaves(cfg))
         assert all(leaf.type is not None for leaf in found)
         nodes = set()
@@ -161,7 +158,7 @@ def test_every_key_refuses_wrong_types_and_out_of_range_values_in_one_line(bases
 
 def test_a_sweep_checks_every_job_before_the_first(bases):
     config_name, base = bases["train"]
-    assert len(preflight(config_name, ["-m", "xsa.alpha=0,1", "seed=1,2"], CONF_DIR)) == 4
+    assert len(preflight(config_name, ["-m", "xsa.alpha=0,1", "seed=1,2"])) == 4
     assert refusal(config_name, ["-m", "xsa.alpha=0,1,2"]).startswith("xsa.alpha=2 is outside [0, 1]")
     assert refusal(config_name, ["-m", "experiment=smoke", "seed=1,abc"]).startswith("seed=abc is not of type int")
 
@@ -170,7 +167,7 @@ def test_the_embedded_corpus_refuses_a_vocabulary_it_cannot_supply():
     message = refusal("train", ["depth=d12"])
     assert message.startswith("model.vocab_size=32768 is more than the embedded corpus supports "
                               f"(at most {SAMPLE_CORPUS_MAX_VOCAB} tokens)")
-    preflight("train", [f"model.vocab_size={SAMPLE_CORPUS_MAX_VOCAB}"], CONF_DIR)
+    preflight("train", [f"model.vocab_size={SAMPLE_CORPUS_MAX_VOCAB}"])
 
 
 def test_sharding_strategies_are_refused_with_the_reason():
@@ -191,7 +188,7 @@ def test_sample_corpus_vocab_cap_is_what_bpe_learns_from_it():
 def test_docs_configuration_lists_the_schema_keys():
     doc = (REPO / "docs" / "configuration.md").read_text()
     documented = doc[doc.index(KEYS_BEGIN):doc.index(KEYS_END) + len(KEYS_END)] + "\n"
-    assert documented == markdown(CONF_DIR), "docs/configuration.md is stale: python -m xsa_exp.config --markdown"
+    assert documented == markdown(CONF_DIR), "docs/configuration.md is stale: python -m xsa_exp.config.docs"
 
 
 @pytest.mark.parametrize("script, args, message", [

@@ -244,14 +244,15 @@ def test_wiki_corpus_skips_entries_without_text(tmp_path):
 
 
 def test_wiki_vocab_cap_is_what_bpe_learns_from_it(wiki):
-    from xsa_exp.config import WIKI_CORPUS_MAX_VOCAB
+    from xsa_exp.config.checks import WIKI_CORPUS_MAX_VOCAB
 
     assert Tokenizer.train(wiki["train"], 2 * WIKI_CORPUS_MAX_VOCAB).vocab_size == WIKI_CORPUS_MAX_VOCAB
 
 
 def test_wiki_corpus_refuses_a_vocabulary_it_cannot_supply_and_takes_the_studys():
     from tests.conftest import compose_config
-    from xsa_exp.config import WIKI_CORPUS_MAX_VOCAB, ConfigError, validate
+    from xsa_exp.config.checks import WIKI_CORPUS_MAX_VOCAB, validate
+    from xsa_exp.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
         validate(compose_config("data=wiki", "logger=csv", f"model.vocab_size={WIKI_CORPUS_MAX_VOCAB + 1}"))
@@ -267,7 +268,7 @@ def test_wiki_corpus_without_its_package_is_refused_in_one_line_naming_the_fix(m
     import importlib.metadata
 
     from tests.conftest import compose_config
-    from xsa_exp.config import validate
+    from xsa_exp.config.checks import validate
     from xsa_exp.data.corpus import wiki_path
     from xsa_exp.data.sources import DataError, DataSettingError
 
@@ -327,7 +328,7 @@ def test_a_tiny_training_run_on_data_wiki(small_cfg, tmp_path):
     import csv
     import json
 
-    from xsa_exp.training import train
+    from xsa_exp.training.run import train
 
     run_dir = train(small_cfg("data=wiki", "train.max_steps=2", "eval.every=2", "eval.diag_every=0"), tmp_path / "run")
     with open(run_dir / "metrics.csv") as f:

@@ -14,7 +14,7 @@ from tests.conftest import REPO, SMALL, compose_config
 from xsa_exp.errors import UserError
 from xsa_exp.evaluate_run import evaluate
 from xsa_exp.run_dir import RunError, load_trained
-from xsa_exp.training import train
+from xsa_exp.training.run import train
 
 pytestmark = pytest.mark.slow
 BUNDLE = Path(os.environ.get("XSA_EXP_EVAL_BUNDLE", REPO.parent / "shared" / "eval_bundle"))

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from xsa_exp.config.schema import LrConfig
 from xsa_exp.model import GPT, GPTConfig, XSASettings, gpt
-from xsa_exp.schema import LrConfig
 
 
 def make(learnable=False, alpha=1.0, **kw):

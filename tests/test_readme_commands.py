@@ -15,7 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, REPO
-from xsa_exp.config import compose_runs, preflight
+from tests.hydra_app import compose_command_line, preflight
 from xsa_exp.eval.bundle import BundleError
 
 BUNDLE = Path(os.environ.get("XSA_EXP_EVAL_BUNDLE") or REPO.parent / "shared" / "eval_bundle")
@@ -77,8 +77,8 @@ def test_the_readme_has_the_commands_this_test_reads():
 def test_readme_command_passes_the_preflight(entry, args, stand_ins, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative run and sweep directories land here
     argv = arguments(args, stand_ins)
-    if entry == "train" and any(a.startswith("init_from=") for a in argv):
-        for cfg in compose_runs("train", [a for a in argv if a != "-m"], CONF_DIR, "-m" in argv):
+    if entry == "train" and any(a.startswith("init_from=") for a in argv):  # a finished base run to start from
+        for cfg in compose_command_line(entry, argv)[0]:
             base = tmp_path / cfg.init_from
             (base / "checkpoints").mkdir(parents=True, exist_ok=True)
             (base / "checkpoints" / "final.ckpt").touch()
@@ -86,7 +86,7 @@ def test_readme_command_passes_the_preflight(entry, args, stand_ins, tmp_path, m
     if BUNDLE.is_dir():  # the presets at d12/d24 run CORE during training (the README says to download it)
         monkeypatch.setenv("XSA_EXP_EVAL_BUNDLE", str(BUNDLE))
     try:
-        runs = preflight(entry, argv, CONF_DIR)
+        runs = preflight(entry, argv)
     except BundleError:
         if BUNDLE.is_dir():
             raise

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from tests.conftest import REPO, SMALL
-from xsa_exp.config import ConfigError
+from xsa_exp.errors import ConfigError
 from xsa_exp.run_dir import RunError
-from xsa_exp.training import train
+from xsa_exp.training.run import train
 
 pytestmark = pytest.mark.slow
 ARGS = [*SMALL, "train.max_steps=9", "train.checkpoint_every=3", "eval.every=2", "eval.diag_every=4"]
@@ -67,7 +67,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg, precision):
 def test_a_periodic_checkpoints_save_is_not_counted_as_training_time(tmp_path, small_cfg, monkeypatch):
     """Lightning runs checkpoint callbacks after all others, the update clock included: the clock restarts after the
     save. A clock that moves 1 s per reading, and 1,000 s while a checkpoint is written, shows where the time went."""
-    from xsa_exp import callbacks
+    from xsa_exp.training import checkpoints, metrics_log
 
     now = [0.0]
 
@@ -75,14 +75,14 @@ def test_a_periodic_checkpoints_save_is_not_counted_as_training_time(tmp_path, s
         now[0] += 1.0
         return now[0]
 
-    real_save = callbacks.RunDirCheckpointIO.save_checkpoint
+    real_save = checkpoints.RunDirCheckpointIO.save_checkpoint
 
     def slow_save(self, checkpoint, path, storage_options=None):
         now[0] += 1000.0
         real_save(self, checkpoint, path, storage_options)
 
-    monkeypatch.setattr(callbacks, "synchronized_time", clock)
-    monkeypatch.setattr(callbacks.RunDirCheckpointIO, "save_checkpoint", slow_save)
+    monkeypatch.setattr(metrics_log, "synchronized_time", clock)
+    monkeypatch.setattr(checkpoints.RunDirCheckpointIO, "save_checkpoint", slow_save)
     run_dir = train(small_cfg("train.max_steps=6", "train.checkpoint_every=2"), tmp_path / "run")
     with open(run_dir / "metrics.csv") as f:
         speeds = [float(r["train/tokens_per_sec"]) for r in csv.DictReader(f) if r["train/tokens_per_sec"]]
@@ -140,7 +140,7 @@ def test_resume_refuses_a_different_config(tmp_path, small_cfg):
 def test_every_preemption_signal_gets_the_same_handler_for_the_run_and_the_old_one_back():
     from types import SimpleNamespace
 
-    from xsa_exp.callbacks import PreemptionCheckpoint
+    from xsa_exp.training.preemption import PreemptionCheckpoint
 
     signums = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
     before = {s: signal.getsignal(s) for s in signums}

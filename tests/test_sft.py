@@ -12,17 +12,18 @@ from omegaconf import OmegaConf
 
 from tests.conftest import REPO, SMALL, compose_config
 from tests.test_core import REAL_BUNDLE as BUNDLE
-from xsa_exp.config import ConfigError, validate
+from xsa_exp.config.checks import validate
 from xsa_exp.data.chat import render_conversation
 from xsa_exp.data.conversations import gsm8k_conversation, mmlu_conversation
 from xsa_exp.data.packing import inputs_and_targets
 from xsa_exp.data.sft import conversation_rows, load_conversations
 from xsa_exp.data.sources import DataError
 from xsa_exp.data.tokenizer import Tokenizer
+from xsa_exp.errors import ConfigError
 from xsa_exp.eval.chat import BASELINES
 from xsa_exp.eval.sandbox import isolation_mode
 from xsa_exp.model import GPT, GPTConfig
-from xsa_exp.training import load_base_run, train
+from xsa_exp.training.run import load_base_run, train
 
 FIXTURES = REPO / "tests" / "fixtures" / "chat"
 SFT_DATA = [f"data.train_sources.smoltalk.data_files={FIXTURES / 'smoltalk_train.jsonl'}",

@@ -67,7 +67,7 @@ def test_multi_device_jobs_are_refused_under_joblib(tmp_path):
 
 def test_a_sweep_whose_job_directories_name_their_keys_is_checked_too(tmp_path):
     """The README's ChatCORE base sweep names its jobs a${xsa.alpha}_s${seed}: started again, it is refused whole."""
-    from xsa_exp.config import preflight
+    from tests.hydra_app import preflight
     from xsa_exp.errors import ConfigError
 
     sweep = tmp_path / "sweep"
@@ -75,8 +75,8 @@ def test_a_sweep_whose_job_directories_name_their_keys_is_checked_too(tmp_path):
     (sweep / "a1.0_s2" / "config.yaml").write_text("seed: 2\n")
     argv = ["-m", "seed=1,2", f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=a${xsa.alpha}_s${seed}"]
     with pytest.raises(ConfigError, match=r"already holds runs \(job 1's directory .*a1.0_s2 is one\)"):
-        preflight("train", argv, REPO / "conf")
-    preflight("train", [*argv, "resume=auto"], REPO / "conf")  # continuing them is allowed
+        preflight("train", argv)
+    preflight("train", [*argv, "resume=auto"])  # continuing them is allowed
 
 
 def test_a_sweep_started_again_into_its_directory_is_refused_before_any_job(tmp_path):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
-from xsa_exp.config import validate
+from xsa_exp.config.checks import validate
 from xsa_exp.errors import ConfigError
 from xsa_exp.eval.diagnostics import attention_diagnostics
 from xsa_exp.generate import generate, generate_batch

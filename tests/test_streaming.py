@@ -18,12 +18,13 @@ import pytest
 import torch
 
 from tests.conftest import REPO, compose_config
-from xsa_exp.config import ConfigError, validate
+from xsa_exp.config.checks import validate
 from xsa_exp.data import sources
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.data.packing import packed_rows
 from xsa_exp.data.sources import DataError, read_documents
 from xsa_exp.data.tokenizer import Tokenizer
+from xsa_exp.errors import ConfigError
 
 SEQ, VOCAB, BATCH = 32, 300, 4
 VAL_MARK, TRAIN_MARK, OTHER_FIELD_MARK = "qqvalqq", "jjtrainjj", "xxnotexx"

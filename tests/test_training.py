@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tests.conftest import REPO
-from xsa_exp.config import ConfigError
+from xsa_exp.errors import ConfigError
 from xsa_exp.model import GPT, GPTConfig
-from xsa_exp.training import train
+from xsa_exp.training.run import train
 
 pytestmark = pytest.mark.slow
 
@@ -186,7 +186,7 @@ def test_a_non_finite_update_never_reaches_the_weights_and_is_reported_at_the_ne
                                                                                          monkeypatch):
     """The skip is decided on the device: step 3's update is a no-op, steps 4 and 5 train on, and the run stops at
     step 5, its first host-sync step (console line), naming step 3, with finite weights."""
-    from xsa_exp.lightning_module import LanguageModel
+    from xsa_exp.training.module import LanguageModel
 
     seen = {}
     real_pop = LanguageModel.pop_update_stats
@@ -297,10 +297,10 @@ def test_logged_tokens_per_sec_is_wall_time_between_step_lines_and_the_log_has_m
     updates left out): over steps with nothing else between them, the logged rates give the wall time of the
     console lines to 10%."""
     from tests.conftest import SMALL, compose_config
-    from xsa_exp import callbacks
+    from xsa_exp.training import metrics_log
 
     lines = []
-    monkeypatch.setattr(callbacks, "rank_zero_info", lambda message: lines.append((time.perf_counter(), message)))
+    monkeypatch.setattr(metrics_log, "rank_zero_info", lambda message: lines.append((time.perf_counter(), message)))
     cfg = compose_config(*SMALL, "train.max_steps=40", "eval.every=40", "eval.diag_every=0", "log.print_every=10",
                          "train.peak_flops=1e12")
     rows = [r for r in read_rows(train(cfg, tmp_path / "run")) if r["train/loss"]]
@@ -356,7 +356,7 @@ def test_an_update_between_host_sync_steps_reads_nothing_from_the_device(tmp_pat
     import lightning as L
 
     from tests.conftest import SMALL, compose_config
-    from xsa_exp import training
+    from xsa_exp.training import run as training
 
     counts: dict[int, list[str]] = {}
 

@@ -56,10 +56,12 @@ class Arm:
         return cls(run["optim"], float(run["alpha"]), layers, run["value_source"], lr_scale)
 
     @staticmethod
-    def dir_name(alpha, learnable) -> str:
-        """The arm in a run directory's name (train.yaml's hydra.run.dir, and stage=sft's): a1.0 for a fixed α,
-        learnable_from_a0.5 for a learnable one."""
-        return f"learnable_from_a{alpha}" if learnable else f"a{alpha}"
+    def run_name(depth: str, alpha, learnable, stage: str) -> str:
+        """A run directory's name after its time (train.yaml's hydra.run.dir): the depth preset, the arm (a1.0 for a
+        fixed α, learnable_from_a0.5 for a learnable one) and, for a fine-tuning stage, the stage: tiny_a1.0,
+        d24_a0.0_sft."""
+        arm = f"learnable_from_a{alpha}" if learnable else f"a{alpha}"
+        return f"{depth}_{arm}" + ("" if stage == "base" else f"_{stage}")
 
     @property
     def off(self) -> bool:

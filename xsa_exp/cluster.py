@@ -2,7 +2,7 @@
 
 - SLURM (plain `sbatch`/`srun`, or hydra-submitit-launcher's `hydra/launcher=slurm`): Lightning's
   SLURMEnvironment gives the ranks, with its auto-requeue off. Preemption is PreemptionCheckpoint's
-  (callbacks.py) alone: at the signal it finishes the update, saves a checkpoint, then hands the
+  (training/preemption.py) alone: at the signal it finishes the update, saves a checkpoint, then hands the
   requeue to submitit (its checkpoint hook resubmits the same job). Lightning's auto-requeue would
   write a second, `hpc_ckpt_*` checkpoint mid-accumulation and requeue on SIGUSR1 by itself.
 - submitit's local executor with several tasks (`hydra/launcher=submitit_local

@@ -4,7 +4,7 @@
     <run>/run.json             what the run is (arm, schedule, precision, parameter counts; val_scope and
                                epoch_tokens once done)
     <run>/status.json          completed | interrupted | failed, the step reached and the error if any
-    <run>/metrics.csv          one row per logger call (CSVLogger), see callbacks.py for the step convention
+    <run>/metrics.csv          one row per logger call (CSVLogger), see training/metrics_log.py for the step convention
     <run>/diagnostics.jsonl    attention diagnostics per head, one line per measured step
     <run>/checkpoints/         step000123.ckpt (periodic, preemption) and final.ckpt
     <run>/tokenizer/           the tokenizer, copied so the run outlives the cache

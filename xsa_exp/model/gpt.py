@@ -21,10 +21,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
+from xsa_exp.config.schema import ModelConfig
 from xsa_exp.model.layout import SMEAR_GATE_CHANNELS, value_embedding_layers
 from xsa_exp.model.xsa_op import exclusive_self_attention, initial_theta, learnable_alpha
 from xsa_exp.model.xsa_settings import XSASettings
-from xsa_exp.schema import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ SMEAR_GATE_INIT_MAX = 0.02
 
 @dataclass
 class GPTConfig(ModelConfig):
-    """The schema's `model` keys (xsa_exp/schema.py: every switch's default and meaning, once), with the shape
+    """The schema's `model` keys (xsa_exp/config/schema.py: every switch's default and meaning, once), with the shape
     defaults of nanochat's d12 for code that builds a model directly, and the resolved XSA settings."""
     sequence_len: int = 2048
     vocab_size: int = 32768

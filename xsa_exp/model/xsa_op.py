@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from xsa_exp.schema import XSAConfig
+from xsa_exp.config.schema import XSAConfig
 
 
 def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor, alpha: float | torch.Tensor,

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from xsa_exp.config.schema import XSAConfig
 from xsa_exp.errors import ConfigError
-from xsa_exp.schema import XSAConfig
 
 LAYER_SELECTIONS = "all, none, a list of layer indices, first:K, last:K, every:N, ve, non_ve"
 
 
 @dataclass
 class XSASettings(XSAConfig):
-    """What a model's XSA does: the schema's `xsa` keys (xsa_exp/schema.py: each default and meaning, once), with
+    """What a model's XSA does: the schema's `xsa` keys (xsa_exp/config/schema.py: each default and meaning, once), with
     the layer selection resolved to the indices it runs in."""
     layers: list[int] = field(default_factory=list)
 

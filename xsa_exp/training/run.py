@@ -17,40 +17,21 @@ from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp import run_dir as rd
 from xsa_exp.arm import Arm
-from xsa_exp.callbacks import (
-    AttentionDiagnostics,
-    CoreEvaluation,
-    HostSync,
-    PeriodicCheckpoint,
-    PreemptionCheckpoint,
-    RunDirCheckpointIO,
-    TrainMetrics,
-    UpdateClock,
-    ValidationBPB,
-    remove_untracked_step_checkpoints,
-)
 from xsa_exp.cluster import cluster_plugins, device_peak_flops, export_submitit_local_ranks
-from xsa_exp.config import ConfigError, check_schedule, grad_accumulation, world_size
+from xsa_exp.config.arithmetic import grad_accumulation, max_steps, world_size
 from xsa_exp.console import quiet_libraries, quiet_wandb_logger, wandb_offline
 from xsa_exp.data.datamodule import TextDataModule
+from xsa_exp.errors import ConfigError
 from xsa_exp.eval.bundle import require_bundle
-from xsa_exp.lightning_module import LanguageModel
 from xsa_exp.memory import memory_warning
 from xsa_exp.model import GPT, GPTConfig
+from xsa_exp.optim.schedule import check_schedule
 from xsa_exp.run_dir import LoadedRun, RunError, load_trained
-
-
-def resolve_max_steps(train_cfg: DictConfig, model: GPT, datamodule: TextDataModule) -> int:
-    if train_cfg.max_steps:
-        return int(train_cfg.max_steps)
-    if train_cfg.target_tokens:
-        return max(1, int(train_cfg.target_tokens) // train_cfg.total_batch_tokens)
-    if train_cfg.epochs:
-        datamodule.setup()
-        return max(1, train_cfg.epochs * datamodule.epoch_tokens // train_cfg.total_batch_tokens)
-    counts = model.param_counts()
-    scaling_params = counts["hidden matrices"] + model.lm_head.weight.numel()
-    return max(1, round(train_cfg.param_data_ratio * scaling_params / train_cfg.total_batch_tokens))
+from xsa_exp.training.checkpoints import PeriodicCheckpoint, RunDirCheckpointIO, remove_untracked_step_checkpoints
+from xsa_exp.training.evaluations import AttentionDiagnostics, CoreEvaluation, ValidationBPB
+from xsa_exp.training.metrics_log import HostSync, TrainMetrics, UpdateClock
+from xsa_exp.training.module import LanguageModel
+from xsa_exp.training.preemption import PreemptionCheckpoint
 
 
 def cpu_has_native_bf16() -> bool:
@@ -131,8 +112,8 @@ def print_start(model: GPT, cfg: DictConfig, run: dict) -> None:
 
 
 def train(cfg: DictConfig, run_dir: Path) -> Path:
-    """Train one model as configured; returns the run directory. The config is taken as checked: train.py's
-    preflight validates every run of a command line, each sweep job included, before Hydra starts any."""
+    """Train one model as configured; returns the run directory. The config is taken as checked: the preflight
+    (xsa_exp/config/preflight.py) validates every run of a command line, each sweep job included, before any starts."""
     quiet_libraries()
     export_submitit_local_ranks()
     run_dir = Path(run_dir).resolve()
@@ -149,7 +130,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size, cfg.train.device_batch_size,
                                 cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER)
     arm = Arm.run_keys_of(cfg)
-    run = describe_run(cfg, run_dir, model, resolve_max_steps(cfg.train, model, datamodule), base, arm)
+    run = describe_run(cfg, run_dir, model, max_steps(cfg.train, model, datamodule), base, arm)
     if cfg.logger.wandb is not None:  # one wandb run across requeues and resumes: its id is kept in run.json
         run["wandb_id"] = resumed_wandb_id(run_dir) if resume_from else secrets.token_hex(4)
     # before the run's files are written: a run that fails this check leaves nothing that blocks its rerun

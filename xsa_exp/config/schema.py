@@ -6,8 +6,8 @@ start from them (`defaults: [train_schema, ...]`), and every data option starts 
 rejects a key that does not exist and a value of the wrong type (`model.qk_norm=flase`,
 `eval.every=abc`) before anything runs.
 
-What a type cannot say lives in each field's metadata, read by xsa_exp.config_keys.check_schema() and by
-docs/configuration.md's table of keys (`python -m xsa_exp.config --markdown`):
+What a type cannot say lives in each field's metadata, read by xsa_exp.config.keys.check_schema() and by
+docs/configuration.md's table of keys (`python -m xsa_exp.config.docs`):
   help     what the key does (one line)
   choices  the allowed values of a string key
   ge/gt/le/lt  bounds of a number (None, where the key is Optional, is always allowed)
@@ -15,7 +15,7 @@ docs/configuration.md's table of keys (`python -m xsa_exp.config --markdown`):
   accepts  what a key typed Any (or a string with a pattern) accepts, in words
   missing  the error when a required key (???) is not set
 Keys typed Any accept more than one type (xsa.layers: str | int | list[int]; trainer.devices:
-int | "auto"); xsa_exp.config.validate() checks them by hand, as it does every combination of keys
+int | "auto"); xsa_exp.config.checks.validate() checks them by hand, as it does every combination of keys
 (divisibility, layer specs, batch arithmetic, the vocabulary a corpus supports).
 """
 
@@ -370,7 +370,14 @@ DATA_SCHEMAS = {"sample": SampleDataConfig, "wiki": WikiDataConfig, "climbmix": 
 
 
 def register() -> None:
-    """Store the schema in Hydra's ConfigStore; hydra_plugins/xsa_exp_schema calls it when Hydra starts."""
+    """The one start-up point, called by hydra_plugins/xsa_exp_schema whenever Hydra starts (an entry point or the
+    compose API): the schema into Hydra's ConfigStore, and the resolvers conf/ uses."""
+    from omegaconf import OmegaConf
+
+    from xsa_exp.arm import Arm
+
+    # a run directory's name (train.yaml's hydra.run.dir)
+    OmegaConf.register_new_resolver("run_name", Arm.run_name, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)

@@ -1,0 +1,249 @@
+"""Every setting of a command line checked once, on the configs Hydra composes, before anything runs.
+
+`Preflight` is a Hydra callback (conf/train.yaml and conf/evaluate.yaml list it under hydra.callbacks): at the start
+of a run it validates the run's config; at the start of a sweep it composes every job's config as the launcher will
+(the basic sweeper's jobs, xsa_exp/config/sweep.py) and validates them all, so that a bad value in job 7 stops the
+sweep before job 1 trains, and checks the launcher and the sweep's folder. Errors Hydra raises while composing
+(an unknown key, a value of the wrong type, a group option that does not exist), before any callback runs, are
+turned into the same one line by `run_app`, the entry points' wrapper. Every problem is one `config error: ...`
+line naming the key, what was given and what is allowed, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import hydra
+from hydra.errors import HydraException, MissingConfigException
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from xsa_exp import run_dir as rd
+from xsa_exp.config.arithmetic import world_size
+from xsa_exp.config.checks import validate, validate_evaluate
+from xsa_exp.config.keys import allowed, bounds, fmt, leaves, type_name, unknown_key_message
+from xsa_exp.config.sweep import sweep_jobs
+from xsa_exp.errors import ConfigError, exit_on_user_error
+
+
+class Preflight(Callback):
+    """The checks of a run or a whole sweep, before Hydra creates any directory. `entry` is the entry point's
+    config name (train or evaluate)."""
+
+    def __init__(self, entry: str):
+        self.entry = entry
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        # Hydra turns a callback's Exception into a warning; exit_on_user_error exits (SystemExit) instead.
+        with exit_on_user_error(label=ConfigError.label):
+            check_run(self.entry, config)
+
+    def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **kwargs) -> None:
+        with exit_on_user_error(label=ConfigError.label):
+            check_sweep(self.entry, sweep_configs(config, config_name or self.entry))
+
+
+def check_run(entry: str, cfg: DictConfig) -> None:
+    """One run's config (with its hydra node): the overrides Hydra accepts but that would do nothing, then every
+    value."""
+    check_empty_dict_overrides(as_written(cfg.hydra.overrides.task), cfg)
+    (validate if entry == "train" else validate_evaluate)(cfg)
+
+
+def sweep_configs(cfg: DictConfig, config_name: str, compose: Callable = hydra.compose) -> list[DictConfig]:
+    """Each job's config as the launcher will compose it (the base config for a sweeper other than the basic one,
+    which expands its jobs itself)."""
+    if not cfg.hydra.sweeper._target_.endswith("BasicSweeper"):
+        return [cfg]
+    params = [f"{key}={value}" for key, value in (as_written(cfg.hydra.sweeper.params) or {}).items()]
+    jobs, _ = sweep_jobs([*params, *as_written(cfg.hydra.overrides.task)])
+    return [compose_job(config_name, [*as_written(cfg.hydra.overrides.hydra), *job], compose) for job in jobs]
+
+
+def as_written(node):
+    """Overrides as the command line gave them: an interpolation in one (init_from=runs/a${xsa.alpha}) is each job's
+    to resolve, not the base config's."""
+    return OmegaConf.to_container(node, resolve=False) if node is not None else None
+
+
+def compose_job(config_name: str, overrides: list[str], compose: Callable = hydra.compose) -> DictConfig:
+    try:
+        return compose(config_name, overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(composition_error(e, overrides, lambda args: compose(config_name, args))) from None
+
+
+def check_sweep(entry: str, runs: list[DictConfig]) -> None:
+    if entry == "train":
+        # Lightning's DDP re-launches the script once per device, which a local Hydra sweep cannot host.
+        in_process = ("BasicLauncher", "JoblibLauncher")  # jobs run in this process or a joblib worker
+        if any(cfg.hydra.launcher._target_.endswith(in_process) and _devices_known(cfg) and world_size(cfg.trainer) > 1
+               for cfg in runs):
+            raise ConfigError("multi-device training inside a local Hydra sweep is not supported; run each multi-GPU "
+                              "job as its own `python train.py ...`, sweep with hydra/launcher=submitit_local "
+                              "hydra.launcher.tasks_per_node=<devices> (and gpus_per_node=<devices> on GPUs), or on a "
+                              "cluster with hydra/launcher=slurm")
+        for cfg in runs:
+            check_submitit_job(cfg)
+        check_sweep_directory(runs)
+    for cfg in runs:
+        check_run(entry, cfg)
+
+
+def run_app(main: Callable[[], None], config_name: str) -> None:
+    """Call an entry point's @hydra.main function, with Hydra's composition errors (raised before any callback) as
+    one `config error:` line and exit status 2. Hydra prints an error over several lines and exits itself unless
+    HYDRA_FULL_ERROR is set; with it set, the error reaches us. Any other error keeps its traceback."""
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException) as e:
+        with exit_on_user_error(label=ConfigError.label):
+            raise ConfigError(command_line_error(e, config_name)) from None
+
+
+def command_line_error(error: Exception, config_name: str) -> str:
+    """A composition error of this process's command line as one line. Its overrides are the arguments Hydra's
+    override parser reads as overrides (a flag, or a flag's value such as --cfg's `job`, is not one)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+
+    def is_override(arg: str) -> bool:
+        try:
+            parser.parse_override(arg)
+        except HydraException:
+            return False
+        return True
+
+    overrides = [arg for arg in sys.argv[1:] if is_override(arg)]
+    conf_dir = Path(sys.argv[0]).resolve().parent / "conf"
+    GlobalHydra.instance().clear()
+    with hydra.initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        return composition_error(error, overrides, lambda rest: hydra.compose(config_name, rest))
+
+
+def check_empty_dict_overrides(args: list[str], cfg: DictConfig) -> None:
+    """Raise ConfigError for `key={}` on a dict that has entries: Hydra merges a dict given on the command line
+    into the one there, so the entries stay and the run would silently be the one without the override."""
+    for arg in args:
+        key, sep, value = arg.lstrip("+").partition("=")
+        if not sep or key.startswith("~") or re.fullmatch(r"\{\s*\}", value) is None:
+            continue
+        node = OmegaConf.select(cfg, key)
+        if isinstance(node, DictConfig) and len(node):
+            removals = " ".join(f"'~{key}.{name}'" for name in node)
+            raise ConfigError(f"{key}={{}} removes nothing: Hydra merges a dict override into the one there "
+                              f"({', '.join(map(str, node))}); to take its entries away, pass {removals}")
+
+
+def composition_error(error: Exception, overrides: list[str], compose) -> str:
+    """Hydra's composition error as one line that names the key, what was given and what is allowed."""
+    if isinstance(error, MissingConfigException) and error.options:  # a group option that does not exist
+        group, _, option = str(error.missing_cfg_file).rpartition("/")
+        return f"{group}={option} is not an option; allowed: {', '.join(sorted(error.options))}"
+    cause = error
+    while cause is not None and not (isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None)):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        line = first_line(error)
+        ambiguous = re.fullmatch(r"Ambiguous value for argument '([^=]*)=(.*)'", line)
+        if ambiguous:
+            line += f"; to sweep, add -m; for a list, write {ambiguous[1]}=[{ambiguous[2]}]"
+        swept_hydra_key = re.fullmatch(r"Sweeping over Hydra's configuration is not supported : '(.*)'", line)
+        if swept_hydra_key:
+            line = f"{swept_hydra_key[1]}: Hydra's own settings cannot be swept; run one sweep per value"
+        return line
+    key = cause.full_key
+    given = {}
+    for arg in overrides:
+        name, sep, value = arg.lstrip("+~").partition("=")
+        if sep:
+            given[name] = value
+    others = [a for a in overrides if not (a.lstrip("+~").partition("=")[0] + ".").startswith(key + ".")]
+    try:
+        base = compose(others) if len(others) < len(overrides) else None
+    except (HydraException, OmegaConfBaseException):
+        base = None
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        parent_key, _, _ = key.rpartition(".")
+        parent = base if base is None or not parent_key else OmegaConf.select(base, parent_key)
+        siblings = [k for k in parent.keys() if k != "hydra"] if isinstance(parent, DictConfig) else []
+        return unknown_key_message(key, siblings)
+    if isinstance(cause, ValidationError):
+        value = given.get(key, fmt(getattr(cause, "value", None)))
+        what = "a value of the wrong type"
+        if base is not None:
+            leaf = next((leaf for leaf in leaves(base) if leaf.key == key), None)
+            if leaf is not None:
+                about = "" if bounds(leaf.meta) or "choices" in leaf.meta else f" ({leaf.meta['help']})"
+                return (f"{key}={value} is not of type {type_name(leaf.type)}; "
+                        f"allowed: {allowed(leaf.type, leaf.meta)}{about}")
+        return f"{key}={value} is {what}: {first_line(cause)}"
+    return f"{key}: {first_line(cause)}"
+
+
+def first_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def check_sweep_directory(runs: list[DictConfig]) -> None:
+    """A sweep started again into a directory that holds its finished or running jobs: refuse it whole, before
+    Hydra launches anything, instead of each job refusing its own directory (the runs are never touched)."""
+    for num, cfg in enumerate(runs):
+        if cfg.resume == "auto":
+            continue  # each job continues the run it finds, or skips it if complete
+        job = cfg.copy()  # the whole config: a subdir may name the job's keys (a${xsa.alpha}_s${seed})
+        with open_dict(job):
+            job.hydra.job.num = num  # Hydra numbers a sweep's jobs in the order the basic sweeper makes them
+        try:  # resolved once: a ${now:...} in the directory would give another name each time
+            sweep_dir, subdir = job.hydra.sweep.dir, str(job.hydra.sweep.subdir)
+        except OmegaConfBaseException:
+            return  # a directory resolved only inside the job (Hydra's runtime resolvers); the job checks it
+        job_dir = Path(sweep_dir) / subdir
+        if (job_dir / rd.CONFIG).exists():
+            raise ConfigError(f"hydra.sweep.dir={sweep_dir} already holds runs (job {num}'s directory "
+                              f"{job_dir} is one); nothing was overwritten — choose a new hydra.sweep.dir, or add "
+                              "resume=auto to continue them")
+
+
+def check_submitit_job(cfg: DictConfig) -> None:
+    """Under hydra-submitit-launcher a requeued job must continue its run, and the launcher starts the ranks
+    (one task per device): Lightning must not start more."""
+    launcher = cfg.hydra.launcher
+    if "hydra_submitit_launcher" not in launcher._target_:
+        return
+    if cfg.resume != "auto":
+        raise ConfigError("hydra/launcher=submitit_* requeues a job at its time limit or preemption, and the requeued "
+                          "job must continue its run; add resume=auto")
+    per_node = cfg.trainer.devices
+    if not isinstance(per_node, int) or isinstance(per_node, bool) or per_node < 1:
+        if cfg.trainer.accelerator == "cpu" and launcher._target_.endswith("LocalLauncher"):
+            return  # one CPU process, as the one task
+        raise ConfigError(f"trainer.devices={per_node}: submitit starts one process per device and must know how many "
+                          "before the job starts; set trainer.devices=<devices per node> (hydra/launcher=slurm takes "
+                          "its tasks and GPUs per node from it)")
+    devices = world_size(cfg.trainer)
+    if launcher.tasks_per_node * launcher.nodes != devices or launcher.nodes != cfg.trainer.num_nodes:
+        raise ConfigError(f"trainer.devices x trainer.num_nodes = {devices} devices, but hydra.launcher.tasks_per_node="
+                          f"{launcher.tasks_per_node} x hydra.launcher.nodes={launcher.nodes} tasks; submitit starts "
+                          f"one process per device, so set hydra.launcher.tasks_per_node={per_node} and "
+                          f"hydra.launcher.nodes={cfg.trainer.num_nodes} (hydra/launcher=slurm sets both)")
+    # submitit's local executor shows a job only gpus_per_node GPUs (none when unset: CUDA_VISIBLE_DEVICES="").
+    if launcher._target_.endswith("LocalLauncher") and cfg.trainer.accelerator in ("gpu", "cuda") \
+            and (launcher.gpus_per_node or 0) < per_node:
+        raise ConfigError(f"hydra/launcher=submitit_local shows each job hydra.launcher.gpus_per_node="
+                          f"{launcher.gpus_per_node} GPUs, and trainer.devices={per_node} GPUs are needed; add "
+                          f"hydra.launcher.gpus_per_node={per_node}")
+
+
+def _devices_known(cfg: DictConfig) -> bool:
+    devices = cfg.trainer.devices
+    return devices in ("auto", -1) or isinstance(devices, int) and not isinstance(devices, bool)

@@ -1,0 +1,72 @@
+"""Checkpoints in the run directory: every file written beside its final name and renamed into place, periodic ones
+kept to the newest few, and stale step checkpoints removed once a newer one exists."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from xsa_exp import run_dir as rd
+from xsa_exp.training.metrics_log import UpdateClock
+
+
+class RunDirCheckpointIO(TorchCheckpointIO):
+    """Every checkpoint written beside its final name, synced, then renamed into place: a kill or a full disk
+    leaves the earlier checkpoints and no half-written one. (Lightning's own save stages the file in the system's
+    temporary folder, often a small node-local disk on a cluster, and across file systems its move is a copy.)"""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(path.name + ".partial")
+        try:
+            torch.save(checkpoint, staging)
+            descriptor = os.open(staging, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            os.replace(staging, path)
+        except BaseException:
+            staging.unlink(missing_ok=True)
+            raise
+
+
+class PeriodicCheckpoint(ModelCheckpoint):
+    """Resumable checkpoint every N steps, named as run_dir.step_checkpoint names it, keeping the newest few.
+
+    Written by RunDirCheckpointIO. A resumed run starts right after its checkpoint, so that step is not saved
+    again (plain ModelCheckpoint would write a -v1 copy). Lightning runs checkpoint callbacks after all others,
+    the update clock included, so the clock is restarted after each save: saving is not an update's time."""
+
+    def __init__(self, run_dir, every: int, keep: int, clock: UpdateClock):
+        super().__init__(dirpath=rd.checkpoints_dir(run_dir), filename=rd.STEP_CHECKPOINT,
+                         auto_insert_metric_name=False, every_n_train_steps=every, save_top_k=keep, monitor="step",
+                         mode="max")
+        self.every, self.clock, self.clock_restarted_at = every, clock, 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._last_global_step_saved = self.clock_restarted_at = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        step = trainer.global_step
+        if step % self.every == 0 and step != self.clock_restarted_at:  # once per saving step, not per micro-batch
+            self.clock.restart(pl_module.device)
+            self.clock_restarted_at = step
+
+
+def remove_untracked_step_checkpoints(trainer, run_dir, keep: Path | None = None) -> None:
+    """Delete the step checkpoints no periodic checkpoint keeps (earlier preemptions' and the one this attempt
+    resumed from), once a newer checkpoint (`keep`, or the final one) is written: each requeue would leave one."""
+    if not trainer.is_global_zero:
+        return
+    kept = {Path(p).resolve() for callback in trainer.checkpoint_callbacks for p in callback.best_k_models}
+    for path in rd.checkpoints_dir(run_dir).glob("step*.ckpt"):
+        if path.resolve() not in kept and path != keep:
+            path.unlink(missing_ok=True)

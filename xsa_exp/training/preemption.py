@@ -1,0 +1,81 @@
+"""Stopping at a preemption or time-limit signal with a checkpoint, and handing the signal back to the launcher
+(submitit requeues the job; the requeued run continues with resume=auto)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
+
+from xsa_exp import run_dir as rd
+from xsa_exp.training.checkpoints import remove_untracked_step_checkpoints
+from xsa_exp.training.metrics_log import TrainMetrics
+
+
+def preemption_signals() -> tuple[signal.Signals, ...]:
+    """SIGTERM (scancel, torchrun, a plain kill), SIGUSR1 (`sbatch --signal=USR1@<s>`) and the signal
+    submitit sends before a time limit or preemption (SIGUSR2, or what SUBMITIT_PREEMPT_SIGNAL names)."""
+    submitit_signal = signal.Signals["SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")]
+    return tuple(dict.fromkeys((signal.SIGTERM, signal.SIGUSR1, submitit_signal)))
+
+
+class PreemptionCheckpoint(L.Callback):
+    """At a preemption signal: finish the update in progress, save checkpoints/stepNNNNNN.ckpt and stop;
+    then `hand_over()` passes the signal to the handler that was there before the run (submitit's, which
+    requeues the job and exits; none under plain sbatch or torchrun, where the run exits with status 0).
+    The requeued or relaunched run continues with resume=auto.
+
+    The handlers are ours from the start of training (replacing Lightning's SIGTERM handler, which would
+    broadcast from inside a signal handler); before that the previous ones act at once, since there is
+    no progress to save yet. Under DDP rank 0's signal is broadcast at every update, so every rank stops
+    after the same update and none is left waiting in a collective. On one device the check reads only a Python
+    flag; under DDP the broadcast is a host sync at every update (as is Lightning's own SIGTERM broadcast there),
+    which keeps the time from the signal to the checkpoint at one update: a time limit gives a fixed warning time.
+    """
+
+    def __init__(self, run_dir, metrics: TrainMetrics, checkpoint_every: int = 0):
+        self.run_dir, self.metrics, self.checkpoint_every = run_dir, metrics, checkpoint_every
+        self.received: signal.Signals | None = None
+        self.stopped_at: int | None = None
+        # Made before the Trainer, so these are the launcher's handlers (submitit's), not Lightning's.
+        self.previous = {signum: signal.getsignal(signum) for signum in preemption_signals()}
+
+    def _request(self, signum, frame) -> None:
+        self.received = self.received or signal.Signals(signum)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.last_step = trainer.global_step
+        for signum in self.previous:
+            signal.signal(signum, self._request)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step == self.last_step:  # mid-accumulation: the update is not finished
+            return
+        self.last_step = step
+        received = self.received.value if self.received else 0
+        if trainer.world_size > 1:
+            received = trainer.strategy.broadcast(received, src=0)
+        if received and step < trainer.max_steps:
+            self.received = signal.Signals(received)
+            path = rd.step_checkpoint(self.run_dir, step)
+            if self.metrics.last_step != step:
+                self.metrics.flush(trainer, pl_module)
+            # At a periodic checkpoint's step that callback, which Lightning runs after this one, writes the same file.
+            if not (self.checkpoint_every and step % self.checkpoint_every == 0):
+                trainer.save_checkpoint(path)
+                remove_untracked_step_checkpoints(trainer, self.run_dir, keep=path)
+            rank_zero_info(f"{self.received.name} received: checkpoint {path}, then stopping; "
+                           "continue with resume=auto")
+            self.stopped_at = step
+            trainer.should_stop = True
+
+    def hand_over(self) -> None:
+        """Restore the handlers from before the run; if a signal stopped it, call the one of that signal."""
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        handler = self.previous.get(self.received) if self.stopped_at is not None else None
+        if callable(handler):
+            handler(self.received, None)  # submitit's: requeue (on rank 0) and exit
