@@ -30,9 +30,18 @@ runs.
 from xsa_exp.report.cli import build_report, main
 from xsa_exp.report.compare import ArmResult, compare, optimizer_interactions, scale_trend, setting_trends, stability
 from xsa_exp.report.runs import ReportError, Run, load_run
-from xsa_exp.report.stats import Estimate, band, bootstrap_examples, count_spikes, mean_ci, relative_change, t_quantile
+from xsa_exp.report.stats import (
+    Estimate,
+    band,
+    bootstrap_examples,
+    count_spikes,
+    holm,
+    mean_ci,
+    relative_change,
+    t_quantile,
+)
 from xsa_exp.report.sweep import expected_jobs, sweep_jobs
 
 __all__ = ["ArmResult", "Estimate", "ReportError", "Run", "band", "bootstrap_examples", "build_report",
-           "compare", "count_spikes", "expected_jobs", "load_run", "main", "mean_ci", "optimizer_interactions",
+           "compare", "count_spikes", "expected_jobs", "holm", "load_run", "main", "mean_ci", "optimizer_interactions",
            "relative_change", "scale_trend", "setting_trends", "stability", "sweep_jobs", "t_quantile"]

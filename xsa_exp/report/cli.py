@@ -20,7 +20,7 @@ from xsa_exp.report.runs import (
     incomplete_reason,
     load_run,
 )
-from xsa_exp.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
+from xsa_exp.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, holm
 
 DESCRIPTION = "The study's report: tables, statistics and plots from run directories."
 
@@ -40,15 +40,18 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
     loaded, problems = load_runs(paths)
     runs = [run for run in loaded if run.complete]
     results = cmp.compare(runs, baseline_alpha)
+    interactions = cmp.optimizer_interactions(results)
+    settings = cmp.setting_rows(results)
+    tests = render.paired_tests(results, interactions, [row for rows in settings.values() for row in rows])
 
     plots_dir = out_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
     for stale in plots_dir.glob("*.png"):  # --force: no plot of an earlier report may pass for this one's
         stale.unlink()
-    out = render.Numbers()
+    out = render.Numbers(holm({key: e.p for key, e in tests.items()}))
     render.results_numbers(results, out)
-    sections = depth_sections(results, cmp.stability(loaded, results), plots_dir, out)
-    trends = trend_sections(results, plots_dir, out)
+    sections = depth_sections(results, interactions, cmp.stability(loaded, results), plots_dir, out)
+    trends = trend_sections(results, settings, plots_dir, out)
 
     with open(out_dir / "numbers.csv", "w", newline="") as f:
         writer = csv.writer(f)
@@ -59,8 +62,11 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
             f"From {', '.join(f'`{p}`' for p in paths)}: {len(runs)} complete runs, {len(problems)} missing or failed. "
             f"Baseline: {baseline}, same depth, optimizer and lr scale. Arms pool their seeds. CIs are 95%: "
             f"t-intervals over seeds; CORE and ChatCORE also get a paired bootstrap over examples "
-            f"({BOOTSTRAP_RESAMPLES} resamples within tasks, seed {BOOTSTRAP_SEED}). numbers.csv holds every number "
-            "below.", ""]
+            f"({BOOTSTRAP_RESAMPLES} resamples within tasks, seed {BOOTSTRAP_SEED}). p: a paired t-test's, two-sided; "
+            f"p (Holm): p with Holm's adjustment over this report's family of {len(tests)} paired tests (every "
+            "paired Δ vs baseline, of each arm, setting and metric, the residual scalars' per layer included; every "
+            "setting's Δ − the reference's Δ; every optimizer × XSA interaction; not the Δ at each validation step, "
+            "the bootstrap, nor a Δ of one seed pair). numbers.csv holds every number below.", ""]
     report = out_dir / "report.md"
     report.write_text("\n".join(head + sections) + "\n" + trends
                       + render.runs_section(sorted(runs, key=lambda r: r.label), problems))
@@ -93,7 +99,8 @@ def load_runs(paths: list[Path]) -> tuple[list[Run], list[Problem]]:
     return loaded, sorted(problems, key=lambda p: p.label)
 
 
-def depth_sections(results: list[cmp.ArmResult], stability: dict, plots_dir: Path, out: render.Numbers) -> list[str]:
+def depth_sections(results: list[cmp.ArmResult], interactions: list[cmp.OptimizerInteraction], stability: dict,
+                   plots_dir: Path, out: render.Numbers) -> list[str]:
     """One section per depth (and setting): tables, statistics, diagnostics and plots."""
     sections = []
     for depth in dict.fromkeys(r.depth for r in results):
@@ -117,9 +124,9 @@ def depth_sections(results: list[cmp.ArmResult], stability: dict, plots_dir: Pat
             *render.final_table(depth, at_depth),
             *render.coverage(depth, [run for r in at_depth for run in r.runs], out),
             *render.training_length(depth, at_depth, out),
-            *render.differences(at_depth),
+            *render.differences(at_depth, out),
             *render.val_bpb_by_step_section(depth, at_depth, out),
-            *render.optimizer_section(depth, cmp.optimizer_interactions(at_depth), out),
+            *render.optimizer_section(depth, [row for row in interactions if row.depth == depth], out),
             *render.stability_section(depth, stability.get(depth, []), out),
             *render.learned_alpha_section(depth, at_depth, out),
             *render.diagnostics_section(depth, at_depth, out),
@@ -129,14 +136,15 @@ def depth_sections(results: list[cmp.ArmResult], stability: dict, plots_dir: Pat
     return sections
 
 
-def trend_sections(results: list[cmp.ArmResult], plots_dir: Path, out: render.Numbers) -> str:
+def trend_sections(results: list[cmp.ArmResult], settings: dict[str, list[cmp.SettingRow]], plots_dir: Path,
+                   out: render.Numbers) -> str:
     """Δ val/bpb against model size (across depths) and against each setting that varies within a depth."""
     points = cmp.scale_trend(results)
     if points:
         plots.plot_trend(points, plots_dir / "scale.png", "total parameters",
                          "Δ val bpb (XSA − baseline) vs model size")
     text = render.scale_section(points, "scale.png" if points else None, out)
-    for rows in cmp.setting_rows(results).values():
+    for rows in settings.values():
         text += render.settings_table(rows, out)
     names = {key: name for r in results for key, name in r.runs[0].setting_names.items()}
     for key, points in cmp.setting_trends(results).items():

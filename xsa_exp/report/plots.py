@@ -9,8 +9,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from xsa_exp.report.compare import ArmResult, TrendPoint
-from xsa_exp.report.render import REPORTED_DIAGNOSTICS, RESIDUAL_SCALARS
+from xsa_exp.report.compare import RESIDUAL_SCALARS, ArmResult, TrendPoint
+from xsa_exp.report.render import REPORTED_DIAGNOSTICS
 from xsa_exp.report.stats import band
 
 
