@@ -9,7 +9,7 @@ from pathlib import Path
 
 from xsa_exp.errors import exit_on_user_error
 from xsa_exp.report import compare as cmp
-from xsa_exp.report import plots, render
+from xsa_exp.report import plots, render, summary
 from xsa_exp.report.runs import (
     Problem,
     ReportError,
@@ -156,13 +156,25 @@ def trend_sections(results: list[cmp.ArmResult], settings: dict[str, list[cmp.Se
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m xsa_exp.report", description=DESCRIPTION)
-    parser.add_argument("paths", nargs="+", type=Path, help="sweep or run directories, searched recursively")
-    parser.add_argument("--out", type=Path, default=None, help="report folder (default: <first path>/report)")
+    parser = argparse.ArgumentParser(
+        prog="python -m xsa_exp.report", description=DESCRIPTION,
+        epilog="Two modes, one per call: run directories (the report) or --summary RESULTS.")
+    parser.add_argument("paths", nargs="*", type=Path, help="sweep or run directories, searched recursively")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="report folder (default: <first path>/report); with --summary, the folder of its files "
+                             "(default: RESULTS)")
     parser.add_argument("--baseline-alpha", type=float, default=0.0,
                         help="α of the baseline arm (default 0: standard attention)")
     parser.add_argument("--force", action="store_true", help="write into an existing non-empty report folder")
+    parser.add_argument("--summary", type=Path, metavar="RESULTS",
+                        help="the committed questions' summary from RESULTS/summary.yaml and each question's "
+                             "numbers.csv alone: summary.csv, summary.md and forest.png, replaced")
     args = parser.parse_args(argv)
+    if bool(args.paths) == (args.summary is not None):
+        parser.error("give run directories or --summary RESULTS: one of them")
     with exit_on_user_error():
-        report = build_report(args.paths, args.out, args.baseline_alpha, args.force)
-    print(f"report: {report}")
+        if args.summary is not None:
+            for path in summary.write_summary(args.summary, args.out):
+                print(f"summary: {path}")
+        else:
+            print(f"report: {build_report(args.paths, args.out, args.baseline_alpha, args.force)}")
