@@ -137,7 +137,8 @@ def test_cli_summary_and_its_mode_checks(results, tmp_path, capsys):
     main(["--summary", str(results), "--out", str(tmp_path / "elsewhere")])
     assert capsys.readouterr().out.splitlines()[0] == f"summary: {tmp_path / 'elsewhere' / 'summary.csv'}"
     assert not (results / "summary.csv").exists()
-    for argv in (["--summary", str(results), str(results)], []):
+    for argv in (["--summary", str(results), str(results)], [], ["--seed-rule", "--summary", str(results)],
+                 ["--summary", str(results), "--sd", "0.01"]):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2

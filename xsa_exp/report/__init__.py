@@ -2,16 +2,17 @@
 
     python -m xsa_exp.report <sweep or run dirs...> [--out DIR] [--baseline-alpha 0] [--force]
     python -m xsa_exp.report --summary docs/results [--out DIR]
+    python -m xsa_exp.report --seed-rule [--sd 0.001 0.01] [--stages 5 10] [--simulations N] [--seed 0]
 
 Writes report.md (tables, linked plots, the runs included, the runs missing or failed), numbers.csv (every
 number of report.md, long format: depth, arm, metric, statistic, value) and plots/*.png into --out
 (default <first dir>/report), which must be new or empty unless --force. --summary: the committed questions'
-paired Δ val/bpb in one forest plot and table, from docs/results/summary.yaml and their numbers.csv alone
-(docs/report.md).
+paired Δ val/bpb in one forest plot and table, from docs/results/summary.yaml and their numbers.csv alone;
+--seed-rule: the study's seed rule's type-I error, simulated under the null (docs/report.md).
 
 Modules: runs (finding and loading runs, Arm), sweep (the jobs a Hydra sweep was to run), stats
 (statistics), compare (arms, baselines and the study's comparisons), plots, render (report.md and
-numbers.csv), summary (--summary), cli (build_report and the command line).
+numbers.csv), summary (--summary), seed_rule (--seed-rule), cli (build_report and the command line).
 
 Runs are the directories holding config.yaml + run.json, found recursively. A run is complete with
 metrics.csv and checkpoints/final.ckpt; others are listed as failed, never fatal, as are the jobs of a

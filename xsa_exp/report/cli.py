@@ -9,7 +9,7 @@ from pathlib import Path
 
 from xsa_exp.errors import exit_on_user_error
 from xsa_exp.report import compare as cmp
-from xsa_exp.report import plots, render, summary
+from xsa_exp.report import plots, render, seed_rule, summary
 from xsa_exp.report.runs import (
     Problem,
     ReportError,
@@ -158,7 +158,7 @@ def trend_sections(results: list[cmp.ArmResult], settings: dict[str, list[cmp.Se
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m xsa_exp.report", description=DESCRIPTION,
-        epilog="Two modes, one per call: run directories (the report) or --summary RESULTS.")
+        epilog="Three modes, one per call: run directories (the report), --summary RESULTS or --seed-rule.")
     parser.add_argument("paths", nargs="*", type=Path, help="sweep or run directories, searched recursively")
     parser.add_argument("--out", type=Path, default=None,
                         help="report folder (default: <first path>/report); with --summary, the folder of its files "
@@ -169,11 +169,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--summary", type=Path, metavar="RESULTS",
                         help="the committed questions' summary from RESULTS/summary.yaml and each question's "
                              "numbers.csv alone: summary.csv, summary.md and forest.png, replaced")
+    rule = parser.add_argument_group("the seed rule's type-I error, simulated under the null")
+    rule.add_argument("--seed-rule", action="store_true", help="simulate and print it")
+    rule.add_argument("--sd", type=float, nargs="+",
+                      help=f"per-seed SDs of Δ (default {' '.join(map(str, seed_rule.SDS))})")
+    rule.add_argument("--stages", type=int, nargs="+",
+                      help=f"seed counts of the rule's stages (default {' '.join(map(str, seed_rule.STAGES))})")
+    rule.add_argument("--max-half-width", type=float,
+                      help=f"stop early only where the interval is this narrow (default {seed_rule.MAX_HALF_WIDTH})")
+    rule.add_argument("--simulations", type=int, help=f"null cells per SD (default {seed_rule.SIMULATIONS:,})")
+    rule.add_argument("--seed", type=int, help=f"numpy seed (default {seed_rule.SEED})")
     args = parser.parse_args(argv)
-    if bool(args.paths) == (args.summary is not None):
-        parser.error("give run directories or --summary RESULTS: one of them")
+    if bool(args.paths) + (args.summary is not None) + args.seed_rule != 1:
+        parser.error("give run directories, --summary RESULTS or --seed-rule: one of them")
+    rule_options = {name: value for name, value in (("sds", args.sd), ("stages", args.stages),
+                                                    ("max_half_width", args.max_half_width),
+                                                    ("simulations", args.simulations), ("seed", args.seed))
+                    if value is not None}
+    if rule_options and not args.seed_rule:
+        parser.error("--sd, --stages, --max-half-width, --simulations and --seed go with --seed-rule")
     with exit_on_user_error():
-        if args.summary is not None:
+        if args.seed_rule:
+            print(seed_rule.describe(**rule_options))
+        elif args.summary is not None:
             for path in summary.write_summary(args.summary, args.out):
                 print(f"summary: {path}")
         else:
