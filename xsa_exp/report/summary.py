@@ -72,11 +72,10 @@ def family(numbers: dict[Key, float | str]) -> dict[Key, Estimate]:
     report wrote (<statistic>_sd), or, in a numbers.csv written before it did, the SD its interval implies."""
     tests = {}
     for key, value in numbers.items():
-        depth, arm, metric, statistic = key
-        low, high, n, sd = (numbers.get((depth, arm, metric, statistic + end)) for end in
-                            ("_ci95_low", "_ci95_high", "_n", "_sd"))
-        if statistic not in PAIRED_TESTS or low is None or high is None or n is None or n < 2 \
-                or not math.isfinite(high - low):
+        if key[3] not in PAIRED_TESTS:
+            continue
+        low, high, n, sd = (numbers.get((*key[:3], key[3] + end)) for end in ("_ci95_low", "_ci95_high", "_n", "_sd"))
+        if low is None or high is None or n is None or n < 2 or not math.isfinite(high - low):
             continue
         e = Estimate.from_interval(value, low, high, int(n))
         tests[key] = e if sd is None else Estimate(value, low, high, int(n), sd)
@@ -107,7 +106,7 @@ def selected(folder: str, entry: dict, deltas: list[Key]) -> list[tuple[Key, str
 
 
 def question_cells(results: Path, folder: str, entry: dict) -> list[Cell]:
-    missing = {"question", "title", "recipe"} - set(entry or {})
+    missing = {"question", "title", "recipe"} - set(entry if isinstance(entry, dict) else {})
     if missing:
         raise ReportError(f"{MANIFEST}, {folder}: give {', '.join(sorted(missing))}")
     tests = family(read_numbers(results / folder / "numbers.csv"))
