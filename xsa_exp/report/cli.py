@@ -20,7 +20,7 @@ from xsa_exp.report.runs import (
     incomplete_reason,
     load_run,
 )
-from xsa_exp.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, holm
+from xsa_exp.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, holm_by_family
 
 DESCRIPTION = "The study's report: tables, statistics and plots from run directories."
 
@@ -48,7 +48,7 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
     plots_dir.mkdir(parents=True, exist_ok=True)
     for stale in plots_dir.glob("*.png"):  # --force: no plot of an earlier report may pass for this one's
         stale.unlink()
-    out = render.Numbers(holm({key: e.p for key, e in tests.items()}))
+    out = render.Numbers(holm_by_family({key: e.p for key, e in tests.items()})[0])
     render.results_numbers(results, out)
     sections = depth_sections(results, interactions, cmp.stability(loaded, results), plots_dir, out)
     trends = trend_sections(results, settings, plots_dir, out)
@@ -63,10 +63,11 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
             f"Baseline: {baseline}, same depth, optimizer and lr scale. Arms pool their seeds. CIs are 95%: "
             f"t-intervals over seeds; CORE and ChatCORE also get a paired bootstrap over examples "
             f"({BOOTSTRAP_RESAMPLES} resamples within tasks, seed {BOOTSTRAP_SEED}). p: a paired t-test's, two-sided; "
-            f"p (Holm): p with Holm's adjustment over this report's family of {len(tests)} paired tests (every "
-            "paired Δ vs baseline, of each arm, setting and metric, the residual scalars' per layer included; every "
-            "setting's Δ − the reference's Δ; every optimizer × XSA interaction; not the Δ at each validation step, "
-            "the bootstrap, nor a Δ of one seed pair). numbers.csv holds every number below.", ""]
+            f"p (Holm): p with Holm's adjustment within its family: this report's tests of one metric and one kind "
+            "(every arm's and setting's paired Δ vs baseline; every setting's Δ − the reference's Δ; every "
+            f"optimizer × XSA interaction; the residual scalars' change, per layer), {len(tests)} tests in all; not "
+            "the Δ at each validation step, the bootstrap, nor a Δ of one seed pair. numbers.csv holds every number "
+            "below.", ""]
     report = out_dir / "report.md"
     report.write_text("\n".join(head + sections) + "\n" + trends
                       + render.runs_section(sorted(runs, key=lambda r: r.label), problems))

@@ -24,18 +24,18 @@ from xsa_exp.report.stats import RELATIVE_MIN_BASELINE, SPIKE_RISE, WARMUP_FRACT
 
 # The attention diagnostics the report tabulates and plots per layer (xsa_exp.eval.diagnostics has them all).
 REPORTED_DIAGNOSTICS = ("attn_self_cos", "out_self_cos", "diag_attn", "attn_entropy")
-# The statistics of numbers.csv that are paired t-tests of "no difference": a report's family of tests, which Holm's
-# adjustment is over. Not in it: the Δ during training (the final Δ again, step by step), Muon's and AdamW's Δ beside
-# an interaction (their arms' paired_delta), the bootstrap over examples (not a t-test), and a Δ of one seed pair or
-# with a diverged seed (no interval).
+# The statistics of numbers.csv that are paired t-tests of "no difference", which Holm's adjustment is over, within
+# each family (stats.family_of: one metric and one of these kinds). Not tests: the Δ during training (the final Δ
+# again, step by step), Muon's and AdamW's Δ beside an interaction (their arms' paired_delta), the bootstrap over
+# examples (not a t-test), and a Δ of one seed pair or with a diverged seed (no interval).
 PAIRED_TESTS = ("paired_delta", "delta_vs_reference_setting", "interaction")
 
 Key = tuple[str, str, str, str]  # numbers.csv's depth, arm, metric, statistic
 
 
 class Numbers(list):
-    """numbers.csv's rows (depth, arm, metric, statistic, value), added by the sections as they print. holm: the
-    report's family of paired tests (paired_tests) -> Holm-adjusted p."""
+    """numbers.csv's rows (depth, arm, metric, statistic, value), added by the sections as they print. holm: each
+    paired test (paired_tests) -> its p adjusted by Holm's method within its family."""
 
     def __init__(self, holm: dict[Key, float] | None = None):
         super().__init__()
@@ -66,7 +66,7 @@ class Numbers(list):
 
 def paired_tests(results: list[ArmResult], interactions: list[OptimizerInteraction],
                  settings: list[SettingRow]) -> dict[Key, Estimate]:
-    """The report's family (PAIRED_TESTS): each arm's paired Δ vs its baseline (every metric, and the residual
+    """The report's paired tests (PAIRED_TESTS): each arm's paired Δ vs its baseline (every metric, and the residual
     scalars per layer), each setting's Δ − the reference's Δ and each optimizer × XSA interaction, under the keys
     the sections write them to numbers.csv with, where there is a t-test (two seed pairs or more, finite)."""
     tests = {}
@@ -222,8 +222,8 @@ def differences(results: list[ArmResult], out: Numbers) -> list[str]:
                     "from noise; n.a.: a single seed pair gives no interval. The bootstrap covers the sampling of "
                     "the (Chat)CORE examples only; the seeds' spread is in the paired test. p: the paired t-test's, "
                     "two-sided (below 0.05 exactly where the interval excludes zero); in brackets, Holm's adjustment "
-                    "over the report's family of paired tests. SD: of the per-seed differences; 95% PI: where one "
-                    "new seed pair's difference would fall (Δ ± t·SD·√(1 + 1/n)).", "",
+                    "within its family (the report's tests of one metric and kind). SD: of the per-seed differences; "
+                    "95% PI: where one new seed pair's difference would fall (Δ ± t·SD·√(1 + 1/n)).", "",
                     md_table(["arm", "metric", "test", "Δ", "95% CI", "n", "significant?", "p (Holm)", "SD per seed",
                               "95% PI, one new pair"], tests), ""]
 

@@ -104,6 +104,25 @@ def holm(p_values: dict) -> dict:
     return adjusted
 
 
+def family_of(key: tuple) -> tuple:
+    """A test's family, by its numbers.csv key (depth, arm, metric, statistic): the report's tests of one metric and
+    one kind (every arm's paired Δ val/bpb; every setting's Δ − the reference's Δ; the λ_x0 change in layer 0; ...),
+    the question each kind of test answers."""
+    return key[2], key[3]
+
+
+def holm_by_family(p_values: dict) -> tuple[dict, dict]:
+    """Holm's adjustment within each family (family_of); returns key -> adjusted p and key -> its family's size."""
+    families = defaultdict(dict)
+    for key, p in p_values.items():
+        families[family_of(key)][key] = p
+    adjusted, size = {}, {}
+    for members in families.values():
+        adjusted |= holm(members)
+        size |= dict.fromkeys(members, len(members))
+    return adjusted, size
+
+
 def by_seed(runs: list[Run], metric: str) -> dict[int, float]:
     """The metric per seed (reruns of a seed averaged)."""
     values = defaultdict(list)

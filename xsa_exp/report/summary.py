@@ -28,7 +28,7 @@ import yaml
 from xsa_exp.report.plots import plot_forest
 from xsa_exp.report.render import PAIRED_TESTS, Key, fmt_p, md_table, num
 from xsa_exp.report.runs import ReportError
-from xsa_exp.report.stats import Estimate, holm
+from xsa_exp.report.stats import Estimate, holm_by_family
 
 MANIFEST = "summary.yaml"
 SELECTOR_KEYS = {"depth", "arm", "label"}
@@ -67,8 +67,8 @@ def number(value: str) -> float | str:
 
 
 def family(numbers: dict[Key, float | str]) -> dict[Key, Estimate]:
-    """The question's family of paired t-tests, as the report defines it (render.PAIRED_TESTS: every paired Δ, Δ −
-    reference Δ and interaction with an interval of two seed pairs or more), each as its Estimate: with the SD the
+    """The question's paired t-tests, as the report defines them (render.PAIRED_TESTS: every paired Δ, Δ − reference
+    Δ and interaction with an interval of two seed pairs or more), each as its Estimate: with the SD the
     report wrote (<statistic>_sd), or, in a numbers.csv written before it did, the SD its interval implies."""
     tests = {}
     for key, value in numbers.items():
@@ -110,10 +110,10 @@ def question_cells(results: Path, folder: str, entry: dict) -> list[Cell]:
     if missing:
         raise ReportError(f"{MANIFEST}, {folder}: give {', '.join(sorted(missing))}")
     tests = family(read_numbers(results / folder / "numbers.csv"))
-    adjusted = holm({key: e.p for key, e in tests.items()})
+    adjusted, family_size = holm_by_family({key: e.p for key, e in tests.items()})
     deltas = [key for key in tests if key[2:] == ("val/bpb", "paired_delta")]
     return [Cell(folder, str(entry["question"]), entry["title"], entry["recipe"], key[0], key[1], label or key[0],
-                 tests[key], adjusted[key], len(tests)) for key, label in selected(folder, entry, deltas)]
+                 tests[key], adjusted[key], family_size[key]) for key, label in selected(folder, entry, deltas)]
 
 
 def read_manifest(results: Path) -> dict:
