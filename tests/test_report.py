@@ -11,10 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from xsa_exp import run_dir as rd
 from xsa_exp.arm import Arm
-from xsa_exp.report import ReportError, bootstrap_examples, build_report, main, mean_ci, t_quantile
+from xsa_exp.report import Estimate, ReportError, bootstrap_examples, build_report, holm, main, mean_ci, t_quantile
 
 REPO = Path(__file__).resolve().parents[1]
 N_LAYER = 2
@@ -144,6 +145,47 @@ def test_mean_ci_by_hand():
     assert e.value - e.low == pytest.approx(e.high - e.value)
     single = mean_ci([0.8484])
     assert (single.value, single.low, single.high, single.n, single.significant) == (0.8484, None, None, 1, "n.a.")
+
+
+def test_p_value_is_the_t_test_the_interval_inverts():
+    """p equals scipy's one-sample t-test, and p < 0.05 exactly where the 95% interval excludes zero, over samples
+    of 2-12 values whose means fall on both sides of the interval's edge."""
+    rng = np.random.default_rng(0)
+    calls = set()
+    for _ in range(2000):
+        values = rng.normal(rng.uniform(-1, 1), 1, size=int(rng.integers(2, 13)))
+        e = mean_ci(values)
+        assert e.p == pytest.approx(stats.ttest_1samp(values, 0.0).pvalue, rel=1e-9, abs=1e-300)
+        assert (e.p < 0.05) == (e.significant == "yes")
+        calls.add(e.significant)
+    assert calls == {"yes", "no"}
+    assert mean_ci([0.8484]).p is None and mean_ci([0.1, math.nan]).significant == "n.a."
+    assert math.isnan(mean_ci([0.1, math.nan]).p)
+    assert (mean_ci([0.0, 0.0]).p, mean_ci([0.2, 0.2]).p) == (1.0, 0.0)  # an interval of one point
+
+
+def test_sd_and_prediction_interval_by_hand_and_recovered_from_the_interval():
+    values = [-0.004, -0.003, -0.005]  # mean -0.004, sd 0.001
+    e = mean_ci(values)
+    assert e.sd == pytest.approx(0.001)
+    low, high = e.prediction
+    assert high - e.value == pytest.approx(4.302653 * 0.001 * math.sqrt(1 + 1 / 3), rel=1e-6)
+    assert e.value - low == pytest.approx(high - e.value)
+    again = Estimate.from_interval(e.value, e.low, e.high, e.n)  # what numbers.csv keeps of it
+    assert again.sd == pytest.approx(e.sd, rel=1e-12) and again.p == pytest.approx(e.p, rel=1e-12)
+    assert mean_ci([0.8484]).prediction is None
+
+
+def test_holm_on_the_textbook_example():
+    """Wikipedia's "Holm–Bonferroni method" example: p = 0.01, 0.04, 0.03, 0.005 for H1-H4 at α = 0.05 rejects H4
+    and H1 only. The adjusted values by Holm's definition, as R's p.adjust(method="holm") gives them: sorted,
+    0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, max(0.06, 0.04·1) = 0.06."""
+    adjusted = holm({"H1": 0.01, "H2": 0.04, "H3": 0.03, "H4": 0.005})
+    assert adjusted == pytest.approx({"H1": 0.03, "H2": 0.06, "H3": 0.06, "H4": 0.02})
+    assert {h for h, p in adjusted.items() if p < 0.05} == {"H1", "H4"}
+    assert holm({"a": 0.5, "b": 0.6}) == {"a": 1.0, "b": 1.0}  # at most 1
+    assert holm({"a": 0.02, "b": 0.02}) == {"a": 0.04, "b": 0.04}  # ties adjust alike
+    assert holm({"only": 0.03}) == {"only": 0.03} and holm({}) == {}
 
 
 def core_folders(tmp_path: Path, arm: dict[str, list[bool]], base: dict[str, list[bool]], baselines: dict[str, float]):
@@ -325,7 +367,7 @@ def test_partial_core_chatcore_and_bootstrap_in_report(tmp_path):
     assert got[XSA, "CORE 18/22", "bootstrap_delta_n"] == 400
     assert got[XSA, "ChatCORE", "delta"] == pytest.approx(1.0)
     row = next(line for line in text.splitlines() if "| paired bootstrap over examples |" in line)
-    assert row.startswith(f"| {XSA} | CORE 18/22 |") and row.endswith("| 400 examples | yes |")
+    assert row.startswith(f"| {XSA} | CORE 18/22 |") and row.endswith("| 400 examples | yes | — | — | — |")  # no t-test
 
 
 def test_sft_runs_are_their_own_section_with_chatcore(tmp_path):
@@ -382,7 +424,7 @@ def test_a_diverged_seed_makes_the_paired_difference_not_significant_but_n_a(tmp
         make_run(study, f"x{seed}", alpha=1.0, seed=seed, final_bpb=xsa)
     text = build_report([study], tmp_path / "out").read_text()
     row = next(line for line in text.splitlines() if "| paired over seeds |" in line)
-    assert row.endswith("| +nan | [+nan, +nan] | 3 seeds | n.a. |"), row
+    assert row.endswith("| +nan | [+nan, +nan] | 3 seeds | n.a. | — | — | — |"), row  # no p, SD nor PI either
 
 
 def test_arms_baseline_and_alpha_option(tmp_path):

@@ -10,10 +10,11 @@ import math
 import numpy as np
 import pytest
 import yaml
+from scipy import stats
 
 from tests.test_report import BASE, XSA, is_png, make_eval, make_run, numbers, table_row
 from xsa_exp import run_dir as rd
-from xsa_exp.report import band, build_report, count_spikes, load_run, mean_ci, relative_change, sweep_jobs
+from xsa_exp.report import band, build_report, count_spikes, holm, load_run, mean_ci, relative_change, sweep_jobs
 
 T2, T3 = 12.7062047, 4.30265273  # t quantiles 0.975 with 1 and 2 degrees of freedom (tables)
 
@@ -92,6 +93,52 @@ def test_optimizer_interaction(tmp_path):
     text = report.read_text()
     assert "### Optimizer × XSA" in text
     assert "| α=1 · layers=all · value=mixed | val/bpb | −0.0100 [" in text
+
+
+def test_every_paired_test_has_p_holm_sd_and_prediction_interval(tmp_path):
+    """The report's paired tests here: XSA's paired Δ under Muon and under AdamW (one family: paired Δ val/bpb) and
+    their interaction (a family of its own); the Δ during training and the Δs beside the interaction are not tests.
+    Each gets p, Holm's p within its family, the per-seed SD and the prediction interval of one new pair, in
+    numbers.csv and the tables."""
+    study = tmp_path / "study"
+    finals = {("muon", 0.0): [0.850, 0.852, 0.848], ("muon", 1.0): [0.840, 0.840, 0.840],
+              ("adamw", 0.0): [0.900, 0.901, 0.906], ("adamw", 1.0): [0.898, 0.900, 0.900]}
+    for (optim, alpha), values in finals.items():
+        for seed, bpb in enumerate(values, 1):
+            make_run(study, f"{optim}-a{alpha:g}-s{seed}", optim=optim, alpha=alpha, seed=seed, final_bpb=bpb)
+    report = build_report([study], tmp_path / "out")
+    got, text = csv_rows(report), report.read_text()
+    adamw_xsa, inter = "adamw · α=1 · layers=all · value=mixed", "optimizer × α=1 · layers=all · value=mixed"
+    diffs = {(XSA, "paired_delta"): np.subtract(finals["muon", 1.0], finals["muon", 0.0]),
+             (adamw_xsa, "paired_delta"): np.subtract(finals["adamw", 1.0], finals["adamw", 0.0])}
+    diffs[inter, "interaction"] = diffs[XSA, "paired_delta"] - diffs[adamw_xsa, "paired_delta"]
+    p = {key: stats.ttest_1samp(d, 0.0).pvalue for key, d in diffs.items()}  # 0.013, 0.19, 0.12
+    # Holm by hand within each family: of the two paired Δ, the smaller p (Muon's) × 2, the larger × 1; the
+    # interaction alone, unadjusted.
+    expected = {(XSA, "paired_delta"): 2 * p[XSA, "paired_delta"],
+                (adamw_xsa, "paired_delta"): p[adamw_xsa, "paired_delta"],
+                (inter, "interaction"): p[inter, "interaction"]}
+    assert holm({key: p[key] for key in p if key[1] == "paired_delta"}) == pytest.approx(
+        {key: expected[key] for key in p if key[1] == "paired_delta"})
+    for (arm, name), d in diffs.items():
+        key = ("d12", arm, "val/bpb", name)
+        half = T3 * np.std(d, ddof=1) * math.sqrt(1 + 1 / 3)
+        assert got[(*key[:3], name + "_p")] == pytest.approx(p[arm, name], rel=1e-9)
+        assert got[(*key[:3], name + "_p_holm")] == pytest.approx(expected[arm, name], rel=1e-9)
+        assert got[(*key[:3], name + "_sd")] == pytest.approx(np.std(d, ddof=1), rel=1e-9)
+        assert got[(*key[:3], name + "_pi95_low")] == pytest.approx(d.mean() - half, rel=1e-6)
+        assert got[(*key[:3], name + "_pi95_high")] == pytest.approx(d.mean() + half, rel=1e-6)
+    assert sum(key[3].endswith("_p_holm") for key in got) == 3
+    assert "3 tests in all" in text
+    assert ("d12", inter, "val/bpb", "muon_paired_delta_p") not in got
+    assert ("d12", XSA, "val/bpb", "paired_delta_step_10_p") not in got  # the Δ during training: not in the family
+    sd = np.std(diffs[XSA, "paired_delta"], ddof=1)
+    low, high = (got["d12", XSA, "val/bpb", f"paired_delta_pi95_{end}"] for end in ("low", "high"))
+    assert (f"| {XSA} | val/bpb | paired over seeds | −0.0100 | [−0.0150, −0.0050] | 3 seeds | yes | "
+            f"{p[XSA, 'paired_delta']:.3f} ({expected[XSA, 'paired_delta']:.3f}) | {sd:.4f} | "
+            f"[{low:+.4f}, {high:+.4f}] |").replace("-", "−") in text
+    optimizer_row = next(line for line in text.splitlines() if line.startswith("| α=1 · layers=all · value=mixed |"))
+    assert optimizer_row.endswith(f"| no | {p[inter, 'interaction']:.3f} ({expected[inter, 'interaction']:.3f}) |")
 
 
 def test_no_optimizer_table_with_one_optimizer(tmp_path):
@@ -259,6 +306,8 @@ def test_an_ablation_names_only_what_each_setting_changes_and_compares_it_with_t
     assert versus == pytest.approx(0.014)  # per seed 0.014, 0.014, 0.014
     assert got[lrs, XSA, "val/bpb", "delta_vs_reference_setting"] == pytest.approx(-0.010)
     assert ("d12", XSA, "val/bpb", "delta_vs_reference_setting") not in got  # the reference itself
+    assert ("d12 · window_pattern=L", XSA, "val/bpb", "delta_vs_reference_setting_p_holm") in got
+    assert "| seeds | significant? | p (Holm) | Δ − Δ at the reference | significant? | p (Holm) |" in text
     assert "## Settings of `d12` side by side" in text
     assert f"| {XSA} | (reference) | −0.0100 |" in text and f"| {XSA} | window_pattern=L | +0.0040 |" in text
     trends = [line for line in text.splitlines() if line.startswith("## Δ val/bpb vs")]
@@ -356,6 +405,14 @@ def test_residual_scalars_are_tabulated_per_layer_with_their_change_paired_over_
     section = text.split("### Learned residual scalars\n")[1]
     assert table_row(section, XSA).startswith(f"| {XSA} | λ_resid | 2.000 | 2.000 |")
     assert "| λ_x0 | +0.0600 [" in section.split("Change from the arm's baseline")[1]
+    # Each metric its own family: λ_x0 in layer 0 has one test here (one arm), so Holm leaves its p as it is;
+    # λ_resid's changes are 1.0 in both seeds (p 0), val/bpb's 0 in both (p 1).
+    p0 = stats.ttest_1samp([0.05, 0.07], 0.0).pvalue  # 0.105
+    assert got[XSA, "lambda/x0/L0", "paired_delta_p"] == pytest.approx(p0)
+    assert got[XSA, "lambda/resid/L0", "paired_delta_p"] == 0.0 and got[XSA, "val/bpb", "paired_delta_p"] == 1.0
+    holm0 = p0
+    assert got[XSA, "lambda/x0/L0", "paired_delta_p_holm"] == pytest.approx(holm0)
+    assert f"+0.0600 [−0.0671, +0.1871] (2 seeds), p {p0:.3f} ({holm0:.3f}) |" in section
     assert is_png(report.parent / "plots" / "residual_scalars_d12.png")
 
 

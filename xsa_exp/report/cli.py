@@ -9,7 +9,7 @@ from pathlib import Path
 
 from xsa_exp.errors import exit_on_user_error
 from xsa_exp.report import compare as cmp
-from xsa_exp.report import plots, render
+from xsa_exp.report import plots, render, seed_rule, summary
 from xsa_exp.report.runs import (
     Problem,
     ReportError,
@@ -20,7 +20,7 @@ from xsa_exp.report.runs import (
     incomplete_reason,
     load_run,
 )
-from xsa_exp.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
+from xsa_exp.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, holm_by_family
 
 DESCRIPTION = "The study's report: tables, statistics and plots from run directories."
 
@@ -40,15 +40,18 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
     loaded, problems = load_runs(paths)
     runs = [run for run in loaded if run.complete]
     results = cmp.compare(runs, baseline_alpha)
+    interactions = cmp.optimizer_interactions(results)
+    settings = cmp.setting_rows(results)
+    tests = render.paired_tests(results, interactions, [row for rows in settings.values() for row in rows])
 
     plots_dir = out_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
     for stale in plots_dir.glob("*.png"):  # --force: no plot of an earlier report may pass for this one's
         stale.unlink()
-    out = render.Numbers()
+    out = render.Numbers(holm_by_family({key: e.p for key, e in tests.items()})[0])
     render.results_numbers(results, out)
-    sections = depth_sections(results, cmp.stability(loaded, results), plots_dir, out)
-    trends = trend_sections(results, plots_dir, out)
+    sections = depth_sections(results, interactions, cmp.stability(loaded, results), plots_dir, out)
+    trends = trend_sections(results, settings, plots_dir, out)
 
     with open(out_dir / "numbers.csv", "w", newline="") as f:
         writer = csv.writer(f)
@@ -59,7 +62,11 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
             f"From {', '.join(f'`{p}`' for p in paths)}: {len(runs)} complete runs, {len(problems)} missing or failed. "
             f"Baseline: {baseline}, same depth, optimizer and lr scale. Arms pool their seeds. CIs are 95%: "
             f"t-intervals over seeds; CORE and ChatCORE also get a paired bootstrap over examples "
-            f"({BOOTSTRAP_RESAMPLES} resamples within tasks, seed {BOOTSTRAP_SEED}). numbers.csv holds every number "
+            f"({BOOTSTRAP_RESAMPLES} resamples within tasks, seed {BOOTSTRAP_SEED}). p: a paired t-test's, two-sided; "
+            f"p (Holm): p with Holm's adjustment within its family: this report's tests of one metric and one kind "
+            "(every arm's and setting's paired Δ vs baseline; every setting's Δ − the reference's Δ; every "
+            f"optimizer × XSA interaction; the residual scalars' change, per layer), {len(tests)} tests in all; not "
+            "the Δ at each validation step, the bootstrap, nor a Δ of one seed pair. numbers.csv holds every number "
             "below.", ""]
     report = out_dir / "report.md"
     report.write_text("\n".join(head + sections) + "\n" + trends
@@ -93,7 +100,8 @@ def load_runs(paths: list[Path]) -> tuple[list[Run], list[Problem]]:
     return loaded, sorted(problems, key=lambda p: p.label)
 
 
-def depth_sections(results: list[cmp.ArmResult], stability: dict, plots_dir: Path, out: render.Numbers) -> list[str]:
+def depth_sections(results: list[cmp.ArmResult], interactions: list[cmp.OptimizerInteraction], stability: dict,
+                   plots_dir: Path, out: render.Numbers) -> list[str]:
     """One section per depth (and setting): tables, statistics, diagnostics and plots."""
     sections = []
     for depth in dict.fromkeys(r.depth for r in results):
@@ -117,9 +125,9 @@ def depth_sections(results: list[cmp.ArmResult], stability: dict, plots_dir: Pat
             *render.final_table(depth, at_depth),
             *render.coverage(depth, [run for r in at_depth for run in r.runs], out),
             *render.training_length(depth, at_depth, out),
-            *render.differences(at_depth),
+            *render.differences(at_depth, out),
             *render.val_bpb_by_step_section(depth, at_depth, out),
-            *render.optimizer_section(depth, cmp.optimizer_interactions(at_depth), out),
+            *render.optimizer_section(depth, [row for row in interactions if row.depth == depth], out),
             *render.stability_section(depth, stability.get(depth, []), out),
             *render.learned_alpha_section(depth, at_depth, out),
             *render.diagnostics_section(depth, at_depth, out),
@@ -129,14 +137,15 @@ def depth_sections(results: list[cmp.ArmResult], stability: dict, plots_dir: Pat
     return sections
 
 
-def trend_sections(results: list[cmp.ArmResult], plots_dir: Path, out: render.Numbers) -> str:
+def trend_sections(results: list[cmp.ArmResult], settings: dict[str, list[cmp.SettingRow]], plots_dir: Path,
+                   out: render.Numbers) -> str:
     """Δ val/bpb against model size (across depths) and against each setting that varies within a depth."""
     points = cmp.scale_trend(results)
     if points:
         plots.plot_trend(points, plots_dir / "scale.png", "total parameters",
                          "Δ val bpb (XSA − baseline) vs model size")
     text = render.scale_section(points, "scale.png" if points else None, out)
-    for rows in cmp.setting_rows(results).values():
+    for rows in settings.values():
         text += render.settings_table(rows, out)
     names = {key: name for r in results for key, name in r.runs[0].setting_names.items()}
     for key, points in cmp.setting_trends(results).items():
@@ -148,13 +157,43 @@ def trend_sections(results: list[cmp.ArmResult], plots_dir: Path, out: render.Nu
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m xsa_exp.report", description=DESCRIPTION)
-    parser.add_argument("paths", nargs="+", type=Path, help="sweep or run directories, searched recursively")
-    parser.add_argument("--out", type=Path, default=None, help="report folder (default: <first path>/report)")
+    parser = argparse.ArgumentParser(
+        prog="python -m xsa_exp.report", description=DESCRIPTION,
+        epilog="Three modes, one per call: run directories (the report), --summary RESULTS or --seed-rule.")
+    parser.add_argument("paths", nargs="*", type=Path, help="sweep or run directories, searched recursively")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="report folder (default: <first path>/report); with --summary, the folder of its files "
+                             "(default: RESULTS)")
     parser.add_argument("--baseline-alpha", type=float, default=0.0,
                         help="α of the baseline arm (default 0: standard attention)")
     parser.add_argument("--force", action="store_true", help="write into an existing non-empty report folder")
+    parser.add_argument("--summary", type=Path, metavar="RESULTS",
+                        help="the committed questions' summary from RESULTS/summary.yaml and each question's "
+                             "numbers.csv alone: summary.csv, summary.md and forest.png, replaced")
+    rule = parser.add_argument_group("the seed rule's type-I error, simulated under the null")
+    rule.add_argument("--seed-rule", action="store_true", help="simulate and print it")
+    rule.add_argument("--sd", type=float, nargs="+",
+                      help=f"per-seed SDs of Δ (default {' '.join(map(str, seed_rule.SDS))})")
+    rule.add_argument("--stages", type=int, nargs="+",
+                      help=f"seed counts of the rule's stages (default {' '.join(map(str, seed_rule.STAGES))})")
+    rule.add_argument("--max-half-width", type=float,
+                      help=f"stop early only where the interval is this narrow (default {seed_rule.MAX_HALF_WIDTH})")
+    rule.add_argument("--simulations", type=int, help=f"null cells per SD (default {seed_rule.SIMULATIONS:,})")
+    rule.add_argument("--seed", type=int, help=f"numpy seed (default {seed_rule.SEED})")
     args = parser.parse_args(argv)
+    if bool(args.paths) + (args.summary is not None) + args.seed_rule != 1:
+        parser.error("give run directories, --summary RESULTS or --seed-rule: one of them")
+    rule_options = {name: value for name, value in (("sds", args.sd), ("stages", args.stages),
+                                                    ("max_half_width", args.max_half_width),
+                                                    ("simulations", args.simulations), ("seed", args.seed))
+                    if value is not None}
+    if rule_options and not args.seed_rule:
+        parser.error("--sd, --stages, --max-half-width, --simulations and --seed go with --seed-rule")
     with exit_on_user_error():
-        report = build_report(args.paths, args.out, args.baseline_alpha, args.force)
-    print(f"report: {report}")
+        if args.seed_rule:
+            print(seed_rule.describe(**rule_options))
+        elif args.summary is not None:
+            for path in summary.write_summary(args.summary, args.out):
+                print(f"summary: {path}")
+        else:
+            print(f"report: {build_report(args.paths, args.out, args.baseline_alpha, args.force)}")

@@ -27,6 +27,9 @@ from xsa_exp.report.stats import (
     seed_differences,
 )
 
+# The learned residual scalars (x = λ_resid[i]·x + λ_x0[i]·x0 before block i), as the diagnostics log them.
+RESIDUAL_SCALARS = {"lambda/resid": "λ_resid", "lambda/x0": "λ_x0"}
+
 
 @dataclass
 class ArmResult:
@@ -39,6 +42,8 @@ class ArmResult:
     paired: dict[str, Estimate] = field(default_factory=dict)  # metric -> paired difference over shared seeds
     bootstrap: dict[str, Estimate] = field(default_factory=dict)  # (Chat)CORE metric -> paired bootstrap over examples
     val_bpb_by_step: dict[int, Estimate] = field(default_factory=dict)  # step -> paired difference of val/bpb there
+    # residual scalar prefix -> layer -> paired difference of its last value (layer_differences)
+    layer_paired: dict[str, dict[int, Estimate]] = field(default_factory=dict)
 
     def delta(self, metric: str) -> tuple[float, float | None] | None:
         """(arm − baseline, the same relative to the baseline in % or None where that means nothing) of the
@@ -131,6 +136,7 @@ def compare(runs: list[Run], baseline_alpha: float) -> list[ArmResult]:
         if result.baseline is None:
             continue
         result.val_bpb_by_step = paired_difference_by_step(result.runs, result.baseline.runs, "val/bpb")
+        result.layer_paired = {prefix: result.layer_differences(prefix) for prefix in RESIDUAL_SCALARS}
         for metric in result.values:
             paired = paired_difference(result.runs, result.baseline.runs, metric)
             if paired is not None:
@@ -186,6 +192,11 @@ class OptimizerInteraction:
     @property
     def label(self) -> str:
         return f"{self.arm.xsa_label}{self.arm.lr_label}"
+
+    @property
+    def numbers_arm(self) -> str:
+        """The row's arm in numbers.csv."""
+        return f"optimizer × {self.label}"
 
 
 def optimizer_interactions(results: list[ArmResult]) -> list[OptimizerInteraction]:
@@ -257,6 +268,10 @@ class SettingRow:
     arm: Arm
     delta: Estimate
     versus_reference: Estimate | None
+
+    @property
+    def depth(self) -> str:
+        return f"{self.base_depth} · {self.setting}" if self.setting else self.base_depth
 
 
 def setting_rows(results: list[ArmResult]) -> dict[str, list[SettingRow]]:

@@ -9,9 +9,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from xsa_exp.report.compare import ArmResult, TrendPoint
-from xsa_exp.report.render import REPORTED_DIAGNOSTICS, RESIDUAL_SCALARS
-from xsa_exp.report.stats import band
+from xsa_exp.report.compare import RESIDUAL_SCALARS, ArmResult, TrendPoint
+from xsa_exp.report.render import REPORTED_DIAGNOSTICS
+from xsa_exp.report.stats import Estimate, band
 
 
 def plot_band(ax, curve: pd.DataFrame, x: str, color: str, label: str | None, **line) -> None:
@@ -175,4 +175,23 @@ def plot_trend(points: list[TrendPoint], path: Path, xlabel: str, title: str) ->
     ax.set(title=f"{title} (95% CI over seeds)", xlabel=xlabel, ylabel="Δ val bpb")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+
+
+def plot_forest(groups: dict[str, list[tuple[str, Estimate]]], path: Path, xlabel: str) -> None:
+    """A forest plot: one panel per group (titled by it), its rows top to bottom, each estimate with its 95% CI as
+    an error bar against a common axis, zero marked."""
+    sizes = [len(rows) for rows in groups.values()]
+    fig = Figure(figsize=(13, 1.0 + 0.6 * len(sizes) + 0.22 * sum(sizes)), layout="constrained")
+    axes = fig.subplots(len(sizes), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": sizes})[:, 0]
+    for ax, (group, rows) in zip(axes, groups.items()):
+        estimates = [e for _, e in rows]
+        ax.errorbar([e.value for e in estimates], range(len(rows)), fmt="o", ms=3, capsize=2, color="C0",
+                    xerr=[[e.value - e.low for e in estimates], [e.high - e.value for e in estimates]])
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=7)
+        ax.set_ylim(len(rows) - 0.5, -0.5)  # the first row on top
+        ax.set_title(group, loc="left", fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1].set_xlabel(xlabel)
     fig.savefig(path, dpi=110)

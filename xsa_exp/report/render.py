@@ -3,33 +3,81 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections import defaultdict
 
 import numpy as np
 
 from xsa_exp import run_dir as rd
-from xsa_exp.report.compare import ArmResult, OptimizerInteraction, SettingRow, StabilityRow, TrendPoint, metric_names
+from xsa_exp.report.compare import (
+    RESIDUAL_SCALARS,
+    ArmResult,
+    OptimizerInteraction,
+    SettingRow,
+    StabilityRow,
+    TrendPoint,
+    metric_names,
+)
 from xsa_exp.report.runs import Problem, Run
 from xsa_exp.report.stats import RELATIVE_MIN_BASELINE, SPIKE_RISE, WARMUP_FRACTION, Estimate
 
 # The attention diagnostics the report tabulates and plots per layer (xsa_exp.eval.diagnostics has them all).
 REPORTED_DIAGNOSTICS = ("attn_self_cos", "out_self_cos", "diag_attn", "attn_entropy")
-# The learned residual scalars (x = λ_resid[i]·x + λ_x0[i]·x0 before block i), as the diagnostics log them.
-RESIDUAL_SCALARS = {"lambda/resid": "λ_resid", "lambda/x0": "λ_x0"}
+# The statistics of numbers.csv that are paired t-tests of "no difference", which Holm's adjustment is over, within
+# each family (stats.family_of: one metric and one of these kinds). Not tests: the Δ during training (the final Δ
+# again, step by step), Muon's and AdamW's Δ beside an interaction (their arms' paired_delta), the bootstrap over
+# examples (not a t-test), and a Δ of one seed pair or with a diverged seed (no interval).
+PAIRED_TESTS = ("paired_delta", "delta_vs_reference_setting", "interaction")
+
+Key = tuple[str, str, str, str]  # numbers.csv's depth, arm, metric, statistic
 
 
 class Numbers(list):
-    """numbers.csv's rows (depth, arm, metric, statistic, value), added by the sections as they print."""
+    """numbers.csv's rows (depth, arm, metric, statistic, value), added by the sections as they print. holm: each
+    paired test (paired_tests) -> its p adjusted by Holm's method within its family."""
+
+    def __init__(self, holm: dict[Key, float] | None = None):
+        super().__init__()
+        self.holm = holm or {}
 
     def add(self, depth: str, arm: str, metric: str, statistic: str, value) -> None:
         if value is not None:
             self.append((depth, arm, metric, statistic, value))
 
     def estimate(self, depth: str, arm: str, metric: str, name: str, e: Estimate | None) -> None:
-        if e is not None:
-            for statistic, value in (("", e.value), ("_ci95_low", e.low), ("_ci95_high", e.high), ("_n", e.n)):
+        """The estimate's value, interval and n; for a test of the family also the per-seed SD, the prediction
+        interval of one new seed pair, p and Holm's p."""
+        if e is None:
+            return
+        for statistic, value in (("", e.value), ("_ci95_low", e.low), ("_ci95_high", e.high), ("_n", e.n)):
+            self.add(depth, arm, metric, name + statistic, value)
+        if (depth, arm, metric, name) in self.holm:
+            low, high = e.prediction
+            for statistic, value in (("_sd", e.sd), ("_pi95_low", low), ("_pi95_high", high), ("_p", e.p),
+                                     ("_p_holm", self.holm[depth, arm, metric, name])):
                 self.add(depth, arm, metric, name + statistic, value)
+
+    def p_text(self, depth: str, arm: str, metric: str, name: str, e: Estimate) -> str:
+        """"p (Holm's p)" of a test of the family, "—" for any other estimate."""
+        holm = self.holm.get((depth, arm, metric, name))
+        return "—" if holm is None else f"{fmt_p(e.p)} ({fmt_p(holm)})"
+
+
+def paired_tests(results: list[ArmResult], interactions: list[OptimizerInteraction],
+                 settings: list[SettingRow]) -> dict[Key, Estimate]:
+    """The report's paired tests (PAIRED_TESTS): each arm's paired Δ vs its baseline (every metric, and the residual
+    scalars per layer), each setting's Δ − the reference's Δ and each optimizer × XSA interaction, under the keys
+    the sections write them to numbers.csv with, where there is a t-test (two seed pairs or more, finite)."""
+    tests = {}
+    for r in results:
+        tests |= {(r.depth, r.arm.label, metric, "paired_delta"): e for metric, e in r.paired.items()}
+        for prefix, layers in r.layer_paired.items():
+            tests |= {(r.depth, r.arm.label, f"{prefix}/L{layer}", "paired_delta"): e for layer, e in layers.items()}
+    tests |= {(row.depth, row.numbers_arm, row.metric, "interaction"): row.interaction for row in interactions}
+    tests |= {(row.depth, row.arm.label, "val/bpb", "delta_vs_reference_setting"): row.versus_reference
+              for row in settings if row.versus_reference is not None}
+    return {key: e for key, e in tests.items() if e.p is not None and math.isfinite(e.p)}
 
 
 def slug(text: str) -> str:
@@ -59,6 +107,18 @@ def fmt_interval(e: Estimate) -> str:
 
 def fmt_difference(e: Estimate | None) -> str:
     return "—" if e is None else f"{num(e.value, sign=True)} {fmt_interval(e)} ({e.n} seeds)"
+
+
+def fmt_p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def fmt_spread(e: Estimate) -> list[str]:
+    """The per-seed SD and the 95% prediction interval of one new seed pair, "—" without a t-interval."""
+    if e.sd is None or not math.isfinite(e.sd):
+        return ["—", "—"]
+    low, high = e.prediction
+    return [num(e.sd), f"[{num(low, sign=True)}, {num(high, sign=True)}]"]
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -143,24 +203,29 @@ def training_length(depth: str, results: list[ArmResult], out: Numbers) -> list[
             *(f"- `{arm}`: {line}" for arm, line in lines.items()), ""]
 
 
-def differences(results: list[ArmResult]) -> list[str]:
+def differences(results: list[ArmResult], out: Numbers) -> list[str]:
     metrics = metric_names([run for r in results for run in r.runs])
     tests = []
     for r in results:
         for m in metrics:
-            for test, table, unit in (("paired over seeds", r.paired, "seeds"),
-                                      ("paired bootstrap over examples", r.bootstrap, "examples")):
+            for test, name, table, unit in (("paired over seeds", "paired_delta", r.paired, "seeds"),
+                                            ("paired bootstrap over examples", "bootstrap_delta", r.bootstrap,
+                                             "examples")):
                 if m in table:
                     e = table[m]
                     tests.append([r.arm.label, m, test, num(e.value, sign=True), fmt_interval(e), f"{e.n:,} {unit}",
-                                  e.significant])
+                                  e.significant, out.p_text(r.depth, r.arm.label, m, name, e), *fmt_spread(e)])
     parts = ["### Differences vs baseline", ""]
     if not tests:
         return parts + ["No arm shares a seed with a baseline arm of its depth, optimizer and lr scale.", ""]
     return parts + ["significant? no: the 95% interval includes zero, so the difference is not distinguishable "
                     "from noise; n.a.: a single seed pair gives no interval. The bootstrap covers the sampling of "
-                    "the (Chat)CORE examples only; the seeds' spread is in the paired test.", "",
-                    md_table(["arm", "metric", "test", "Δ", "95% CI", "n", "significant?"], tests), ""]
+                    "the (Chat)CORE examples only; the seeds' spread is in the paired test. p: the paired t-test's, "
+                    "two-sided (below 0.05 exactly where the interval excludes zero); in brackets, Holm's adjustment "
+                    "within its family (the report's tests of one metric and kind). SD: of the per-seed differences; "
+                    "95% PI: where one new seed pair's difference would fall (Δ ± t·SD·√(1 + 1/n)).", "",
+                    md_table(["arm", "metric", "test", "Δ", "95% CI", "n", "significant?", "p (Holm)", "SD per seed",
+                              "95% PI, one new pair"], tests), ""]
 
 
 def val_bpb_by_step_section(depth: str, results: list[ArmResult], out: Numbers) -> list[str]:
@@ -186,16 +251,18 @@ def optimizer_section(depth: str, rows: list[OptimizerInteraction], out: Numbers
     table = []
     for row in rows:
         table.append([row.label, row.metric, fmt_difference(row.muon), fmt_difference(row.adamw),
-                      fmt_difference(row.interaction), row.interaction.significant])
+                      fmt_difference(row.interaction), row.interaction.significant,
+                      out.p_text(depth, row.numbers_arm, row.metric, "interaction", row.interaction)])
         for name, e in (("muon_paired_delta", row.muon), ("adamw_paired_delta", row.adamw),
                         ("interaction", row.interaction)):
-            out.estimate(depth, f"optimizer × {row.label}", row.metric, name, e)
+            out.estimate(depth, row.numbers_arm, row.metric, name, e)
     return ["### Optimizer × XSA", "",
             "Does XSA's effect carry over from AdamW to Muon? Δ: XSA arm − the no-XSA arm of the same optimizer and "
             "lr scale, paired over seeds (95% t-CI); interaction: per seed, Δ under Muon − Δ under AdamW, over the "
-            "seeds all four arms share. significant? is the interaction's.", "",
+            "seeds all four arms share. significant? and p (Holm-adjusted p) are the interaction's; the Δs' are "
+            "under Differences vs baseline.", "",
             md_table(["XSA arm", "metric", "Δ under Muon", "Δ under AdamW", "interaction (Muon − AdamW)",
-                      "significant?"], table), ""]
+                      "significant?", "p (Holm)"], table), ""]
 
 
 def stability_section(depth: str, rows: list[StabilityRow], out: Numbers) -> list[str]:
@@ -281,11 +348,13 @@ def residual_scalars_section(depth: str, results: list[ArmResult], out: Numbers)
             for layer, value in per_layer.items():
                 out.add(depth, r.arm.label, f"{prefix}/L{layer}", "last_mean", float(value))
             values.append([r.arm.label, name, *(num(v, 3) for v in per_layer)])
-            differences = r.layer_differences(prefix)
+            differences = r.layer_paired.get(prefix, {})
             for layer, e in differences.items():
                 out.estimate(depth, r.arm.label, f"{prefix}/L{layer}", "paired_delta", e)
             if differences:
-                changes.append([r.arm.label, name, *(fmt_difference(e) for e in differences.values())])
+                changes.append([r.arm.label, name, *(
+                    f"{fmt_difference(e)}, p {out.p_text(depth, r.arm.label, f'{prefix}/L{layer}', 'paired_delta', e)}"
+                    for layer, e in differences.items())])
     if not values:
         return []
     layers = max(len(row) for row in values) - 2
@@ -294,7 +363,8 @@ def residual_scalars_section(depth: str, results: list[ArmResult], out: Numbers)
              "its last diagnostics step, mean over seeds.", "",
              md_table(["arm", "scalar", *(f"layer {i}" for i in range(layers))], values), ""]
     if changes:
-        parts += ["Change from the arm's baseline, paired over seeds (95% CI):", "",
+        parts += ["Change from the arm's baseline, paired over seeds (95% CI; p: the paired t-test's, Holm's "
+                  "adjustment in brackets):", "",
                   md_table(["arm", "scalar", *(f"Δ layer {i}" for i in range(layers))], changes), ""]
     return parts
 
@@ -324,12 +394,14 @@ def scale_section(points: list[TrendPoint], plot: str | None, out: Numbers) -> s
     table = []
     for p in points:
         table.append([p.arm.label, p.depth, f"{p.n_params:,}", num(p.delta.value, sign=True), fmt_interval(p.delta),
-                      str(p.delta.n), p.delta.significant])
+                      str(p.delta.n), p.delta.significant,
+                      out.p_text(p.depth, p.arm.label, "val/bpb", "paired_delta", p.delta)])
         out.add(p.depth, p.arm.label, "val/bpb", "n_params", p.n_params)
     parts = ["## Scale: Δ val/bpb vs model size", "",
              "Δ: XSA arm − its baseline arm (same depth, optimizer and lr scale), paired over seeds, 95% t-CI; "
-             "parameters: run.json's total.", "",
-             md_table(["arm", "depth", "parameters", "Δ val/bpb", "95% CI", "seeds", "significant?"], table), ""]
+             "p: the paired t-test's, Holm's adjustment in brackets; parameters: run.json's total.", "",
+             md_table(["arm", "depth", "parameters", "Δ val/bpb", "95% CI", "seeds", "significant?", "p (Holm)"],
+                      table), ""]
     if plot:
         parts += [f"![Δ val bpb vs model size](plots/{plot})", ""]
     return "\n".join(parts) + "\n"
@@ -341,35 +413,38 @@ def settings_table(rows: list[SettingRow], out: Numbers) -> str:
     reference = any(row.setting == "" for row in rows)
     table = []
     for row in rows:
-        versus = "reference" if row.setting == "" else "—" if row.versus_reference is None else \
-            fmt_difference(row.versus_reference)
-        significant = row.versus_reference.significant if row.versus_reference is not None else "—"
+        versus = [fmt_difference(row.versus_reference), row.versus_reference.significant,
+                  out.p_text(row.depth, row.arm.label, "val/bpb", "delta_vs_reference_setting", row.versus_reference)] \
+            if row.versus_reference is not None else ["reference" if row.setting == "" else "—", "—", "—"]
         table.append([row.arm.label, row.setting or "(reference)", num(row.delta.value, sign=True),
                       fmt_interval(row.delta), str(row.delta.n), row.delta.significant,
-                      *([versus, significant] if reference else [])])
-        depth = f"{base} · {row.setting}" if row.setting else base
-        out.estimate(depth, row.arm.label, "val/bpb", "delta_vs_reference_setting", row.versus_reference)
+                      out.p_text(row.depth, row.arm.label, "val/bpb", "paired_delta", row.delta),
+                      *(versus if reference else [])])
+        out.estimate(row.depth, row.arm.label, "val/bpb", "delta_vs_reference_setting", row.versus_reference)
     note = (" Against the reference: per seed, Δ at the setting − Δ at the reference setting (whose every value is "
-            "the one most of the settings share), over the seeds both have, 95% t-CI; significant? there is this "
-            "difference's." if reference else "")
+            "the one most of the settings share), over the seeds both have, 95% t-CI; significant? and p there are "
+            "this difference's." if reference else "")
     return "\n".join([
         f"## Settings of `{base}` side by side", "",
         "Δ: XSA arm − its baseline arm (same depth and settings, optimizer and lr scale), paired over seeds, 95% "
-        f"t-CI; rows by arm, then Δ.{note}", "",
-        md_table(["arm", "setting", "Δ val/bpb", "95% CI", "seeds", "significant?",
-                  *(["Δ − Δ at the reference", "significant?"] if reference else [])], table), ""]) + "\n"
+        f"t-CI; p: the paired t-test's, Holm's adjustment in brackets; rows by arm, then Δ.{note}", "",
+        md_table(["arm", "setting", "Δ val/bpb", "95% CI", "seeds", "significant?", "p (Holm)",
+                  *(["Δ − Δ at the reference", "significant?", "p (Holm)"] if reference else [])], table), ""]) + "\n"
 
 
 def setting_section(key: str, name: str, points: list[TrendPoint], plot: str | None, out: Numbers) -> str:
     table = []
     for p in points:
         table.append([p.series, str(p.x), f"{p.n_params:,}", num(p.delta.value, sign=True), fmt_interval(p.delta),
-                      str(p.delta.n), p.delta.significant])
+                      str(p.delta.n), p.delta.significant,
+                      out.p_text(p.depth, p.arm.label, "val/bpb", "paired_delta", p.delta)])
         out.add(p.depth, p.arm.label, "val/bpb", name, p.x)
     parts = [f"## Δ val/bpb vs {name} (`{key}`)", "",
              "Δ: XSA arm − its baseline arm (same depth and settings, optimizer and lr scale), paired over seeds, "
-             "95% t-CI; one line per arm (and any other setting that varies).", "",
-             md_table(["line", name, "parameters", "Δ val/bpb", "95% CI", "seeds", "significant?"], table), ""]
+             "95% t-CI; p: the paired t-test's, Holm's adjustment in brackets; one line per arm (and any other "
+             "setting that varies).", "",
+             md_table(["line", name, "parameters", "Δ val/bpb", "95% CI", "seeds", "significant?", "p (Holm)"],
+                      table), ""]
     if plot:
         parts += [f"![Δ val bpb vs {name}](plots/{plot})", ""]
     return "\n".join(parts) + "\n"

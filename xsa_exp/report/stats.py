@@ -1,5 +1,6 @@
-"""Statistics: means with t-intervals, paired differences over seeds, the paired bootstrap over examples,
-relative changes, seed bands of curves and loss spikes."""
+"""Statistics: means with t-intervals, their t-tests and prediction intervals, Holm's adjustment, paired
+differences over seeds, the paired bootstrap over examples, relative changes, seed bands of curves and loss
+spikes."""
 
 from __future__ import annotations
 
@@ -32,12 +33,42 @@ WARMUP_FRACTION = 0.1
 
 @dataclass(frozen=True)
 class Estimate:
-    """A mean (or difference) with its 95% interval; low and high are None when there is no interval."""
+    """A mean (or difference) with its 95% interval; low and high are None when there is no interval. sd: the
+    standard deviation (ddof=1) of the values behind a t-interval, None for one value and for the bootstrap."""
 
     value: float
     low: float | None
     high: float | None
     n: int
+    sd: float | None = None
+
+    @classmethod
+    def from_interval(cls, value: float, low: float, high: float, n: int) -> Estimate:
+        """The Estimate of a mean ± 95% t-interval over n values, its sd recovered from the half-width
+        h = t(0.975, n−1)·sd/√n: what numbers.csv keeps of a t-interval is all its t-test needs."""
+        return cls(value, low, high, n, (high - low) / 2 * math.sqrt(n) / t_quantile(0.5 + CONFIDENCE / 2, n - 1))
+
+    @property
+    def p(self) -> float | None:
+        """Two-sided p of the one-sample t-test of a zero mean: the test the 95% t-interval inverts, so p < 0.05
+        exactly where the interval excludes zero (NaN for a non-finite value or sd; None without a t-interval)."""
+        if self.sd is None:
+            return None
+        se = self.sd / math.sqrt(self.n)
+        if not (math.isfinite(self.value) and math.isfinite(se)):
+            return math.nan
+        if se == 0:  # every value the same: an interval of one point, which holds zero or not
+            return float(self.value == 0)
+        return float(2 * stats.t.sf(abs(self.value) / se, self.n - 1))
+
+    @property
+    def prediction(self) -> tuple[float, float] | None:
+        """95% prediction interval of one more value (for a paired Δ, one new seed pair): mean ± t(0.975, n−1)·sd·
+        √(1 + 1/n). It is the spread a single rerun shows, where the t-interval is the mean's."""
+        if self.sd is None:
+            return None
+        half = t_quantile(0.5 + CONFIDENCE / 2, self.n - 1) * self.sd * math.sqrt(1 + 1 / self.n)
+        return self.value - half, self.value + half
 
     @property
     def significant(self) -> str:
@@ -57,8 +88,39 @@ def mean_ci(values) -> Estimate:
     mean = float(x.mean())
     if len(x) < 2:
         return Estimate(mean, None, None, len(x))
-    half = t_quantile(0.5 + CONFIDENCE / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
-    return Estimate(mean, mean - half, mean + half, len(x))
+    sd = float(x.std(ddof=1))
+    half = t_quantile(0.5 + CONFIDENCE / 2, len(x) - 1) * sd / math.sqrt(len(x))
+    return Estimate(mean, mean - half, mean + half, len(x), sd)
+
+
+def holm(p_values: dict) -> dict:
+    """Holm's step-down adjustment of a family of p-values (key -> p), as R's p.adjust(method="holm"): the i-th
+    smallest of m times (m − i + 1), raised to the largest such product before it, at most 1. Calling adjusted
+    p < α significant keeps the chance of any false call in the family at most α, whatever the tests' dependence."""
+    adjusted, running = {}, 0.0
+    for i, key in enumerate(sorted(p_values, key=p_values.get)):
+        running = max(running, min(1.0, (len(p_values) - i) * p_values[key]))
+        adjusted[key] = running
+    return adjusted
+
+
+def family_of(key: tuple) -> tuple:
+    """A test's family, by its numbers.csv key (depth, arm, metric, statistic): the report's tests of one metric and
+    one kind (every arm's paired Δ val/bpb; every setting's Δ − the reference's Δ; the λ_x0 change in layer 0; ...),
+    the question each kind of test answers."""
+    return key[2], key[3]
+
+
+def holm_by_family(p_values: dict) -> tuple[dict, dict]:
+    """Holm's adjustment within each family (family_of); returns key -> adjusted p and key -> its family's size."""
+    families = defaultdict(dict)
+    for key, p in p_values.items():
+        families[family_of(key)][key] = p
+    adjusted, size = {}, {}
+    for members in families.values():
+        adjusted |= holm(members)
+        size |= dict.fromkeys(members, len(members))
+    return adjusted, size
 
 
 def by_seed(runs: list[Run], metric: str) -> dict[int, float]:
