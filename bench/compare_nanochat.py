@@ -29,6 +29,7 @@ from hydra import compose, initialize_config_dir
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from xsa_exp.config.schema import ModelConfig, XSAConfig, typed  # noqa: E402
 from xsa_exp.model import GPT, GPTConfig  # noqa: E402
 from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups  # noqa: E402
 
@@ -52,7 +53,7 @@ def our_model(n_kv_head: int, ns_dtype: str, weight_decay: float):
         cfg = compose("train", ["stack=nanochat_2604", "xsa=off", "logger=csv", f"optim.muon.ns_dtype={ns_dtype}",
                                 f"optim.muon.weight_decay={weight_decay}", f"model.n_kv_head={n_kv_head}",
                                 *(f"model.{k}={v}" for k, v in SHAPE.items())])
-    return GPT(GPTConfig.from_config(cfg.model, cfg.xsa)), cfg
+    return GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig))), cfg
 
 
 def our_name(nanochat_name: str) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
 from xsa_exp.eval.bundle import bundle_problem, resolve_bundle_dir
 from xsa_exp.eval.core import evaluate_core
 from xsa_exp.model import GPT, GPTConfig
@@ -48,7 +49,7 @@ def main() -> None:
         print(f"CORE throughput skipped: the eval bundle is {bundle_problem(bundle)} "
               "(python -m xsa_exp.eval.bundle download, or --bundle / $XSA_EXP_EVAL_BUNDLE)")
         return
-    model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa)).to(args.device)
+    model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig))).to(args.device)
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if args.device == "cuda"
                 else torch.autocast("cpu", enabled=False))
     start = time.perf_counter()

@@ -32,6 +32,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from xsa_exp.cluster import available_cpus, peak_flops
+from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
 from xsa_exp.data.corpus import load_sample_corpus
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.data.sources import read_documents
@@ -61,7 +62,7 @@ def write_climbmix_layout(folder: Path, train_shards: int) -> None:
 def gpu_tokens_per_second(depth: str) -> float:
     cfg = compose_cfg([f"depth={depth}", "data=climbmix", "data.local_dir=/"])
     with torch.device("meta"):
-        model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
+        model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
     return MFU * peak_flops("NVIDIA H200") / model.flops_per_token()
 
 

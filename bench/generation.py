@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
 from xsa_exp.generate import generate
 from xsa_exp.model import GPT, GPTConfig
 
@@ -31,7 +32,7 @@ def main() -> None:
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"depth={args.depth}"])
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa)).to(args.device)
+    model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig))).to(args.device)
     prompt = torch.randint(0, cfg.model.vocab_size, (args.prompt_tokens,)).tolist()
     print(f"depth={args.depth} device={args.device} prompt={args.prompt_tokens} new={args.new_tokens} "
           f"samples={args.samples}")

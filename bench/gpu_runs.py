@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from data_loader import write_corpus  # bench/data_loader.py, beside this script: documents of random words
 from hydra import compose, initialize_config_dir
 
+from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
 from xsa_exp.generate import generate
 from xsa_exp.memory import predicted_peak_bytes
 from xsa_exp.model import GPT, GPTConfig, XSASettings, exclusive_self_attention, gpt
@@ -75,7 +76,7 @@ def throughput_run(name: str, overrides: list[str], compiled: bool, workdir: Pat
             f"hydra.run.dir={run_dir}"]
     cfg = compose_cfg([a for a in args if not a.startswith("hydra.")])
     with torch.device("meta"):
-        model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
+        model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
     figures = {"run": name, "compiled": compiled, "device_batch_size": cfg.train.device_batch_size,
                "predicted_peak_gb": predicted_peak_bytes(model, cfg.train.device_batch_size, compiled) / 1e9}
     try:

@@ -58,6 +58,7 @@ def child(width: int, heads: int, layers: int, compiled: bool) -> None:
     import torch
     from hydra import compose, initialize_config_dir
 
+    from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
     from xsa_exp.model import GPT, GPTConfig
     from xsa_exp.optim import MuonAdamW, build_param_groups
 
@@ -66,7 +67,7 @@ def child(width: int, heads: int, layers: int, compiled: bool) -> None:
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
+    model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
     optimizer = MuonAdamW(build_param_groups(model, cfg.optim))
     forward = torch.compile(model.forward) if compiled else model.forward
     batch = torch.randint(0, VOCAB, (1, SEQ + 1))
@@ -89,12 +90,13 @@ def preset_counts(depth: str) -> tuple[dict, dict]:
     import torch
     from hydra import compose, initialize_config_dir
 
+    from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
     from xsa_exp.model import GPT, GPTConfig
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"depth={depth}", "data=climbmix", "data.local_dir=/"])
     with torch.device("meta"):
-        model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
+        model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
     return model.param_counts(), {"layers": cfg.model.n_layer, "device_batch_size": cfg.train.device_batch_size}
 
 

@@ -23,6 +23,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import xsa_exp
+from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.optim import MuonAdamW, build_param_groups
 
@@ -42,7 +43,7 @@ def main() -> None:
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"depth={args.depth}"])
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
+    model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
     groups = build_param_groups(model, cfg.optim)
     if args.adamw_fused is not None:
         for group in groups:

@@ -37,6 +37,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from xsa_exp.cluster import peak_flops
+from xsa_exp.config.schema import ModelConfig, OptimConfig, XSAConfig, typed
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups
 
@@ -53,7 +54,7 @@ def compose_cfg(overrides: list[str]):
 def build(overrides: list[str], device: str, compile_model: bool):
     cfg = compose_cfg(overrides)
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa)).to(device)
+    model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig))).to(device)
     if device == "cuda":
         model.use_block_masks(cfg.model.sequence_len, torch.device(device))
     if compile_model:
@@ -191,7 +192,8 @@ def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: in
     ratios, lightning_ms, bare_ms = [], [], []
     for _ in range(blocks):
         torch.manual_seed(0)
-        module = LanguageModel(GPT(GPTConfig.from_config(cfg.model, cfg.xsa)), cfg.optim, 10**6)
+        model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
+        module = LanguageModel(model, typed(cfg.optim, OptimConfig), 10**6)
         clock = StepClock()
         # TrainMetrics included: the per-step loss sync, grad norm and row building are part of our framework's cost.
         callbacks = [TrainMetrics(batch.numel(), 0.9, 10**9), clock]

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,8 +37,16 @@ def cache_dir(tmp_path_factory) -> Path:
 
 
 def compose_config(*overrides: str):
+    """A run's config as Hydra hands it to a job: without the hydra node, whose record of the run is set globally;
+    the group choices (depth_name, ...) resolved now, so that configs composed one after another keep their own."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides))
+        cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+    HydraConfig.instance().set_config(copy.deepcopy(cfg))
+    with open_dict(cfg):
+        for name in ("depth_name", "stack_name", "stage_name"):
+            cfg[name] = cfg[name]
+        del cfg["hydra"]
+    return cfg
 
 
 @pytest.fixture

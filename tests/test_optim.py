@@ -5,6 +5,7 @@ import torch
 
 from tests import gloo
 from tests.conftest import compose_config
+from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups, orthogonalize
 
@@ -155,7 +156,7 @@ def model_and_cfg(*overrides):
     cfg = compose_config("model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.vocab_size=300",
                          "model.sequence_len=16", *overrides)
     torch.manual_seed(0)
-    return GPT(GPTConfig.from_config(cfg.model, cfg.xsa)), cfg
+    return GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig))), cfg
 
 
 def test_routing_every_parameter_once_no_vector_on_muon():

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from tests.conftest import REPO, SMALL, compose_config
 from tests.test_core import REAL_BUNDLE as BUNDLE
 from xsa_exp.config.checks import validate
+from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
 from xsa_exp.data.chat import render_conversation
 from xsa_exp.data.conversations import gsm8k_conversation, mmlu_conversation
 from xsa_exp.data.packing import inputs_and_targets
@@ -138,7 +139,7 @@ def test_stage_checks(base_run, tmp_path):
 
 def test_sft_starts_from_the_base_runs_final_weights(base_run):
     cfg = sft_cfg(base_run)
-    model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
+    model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
     base = load_base_run(cfg, model)
     for name, tensor in base.model.state_dict().items():
         assert torch.equal(model.state_dict()[name], tensor), name

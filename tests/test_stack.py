@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
 from xsa_exp.config.checks import validate
+from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
 from xsa_exp.errors import ConfigError
 from xsa_exp.eval.diagnostics import attention_diagnostics
 from xsa_exp.generate import generate, generate_batch
@@ -351,7 +352,8 @@ def test_stack_composes_and_sets_only_what_differs_from_classic():
     for key in leaves(stack_file):
         assert OmegaConf.select(classic, key) != OmegaConf.select(stack, key), f"{key} is the classic value"
     validate(stack)
-    groups = {g["role"]: g for g in build_param_groups(GPT(GPTConfig.from_config(stack.model, stack.xsa)), stack.optim)}
+    model = GPT(GPTConfig.of(typed(stack.model, ModelConfig), typed(stack.xsa, XSAConfig)))
+    groups = {g["role"]: g for g in build_param_groups(model, stack.optim)}
     assert groups["unembedding"]["betas"] == (0.8, 0.96) and groups["unembedding"]["weight_decay"] == 0.01
     assert groups["x0_scalar"]["betas"] == (0.96, 0.95) and groups["resid_scalar"]["weight_decay"] == 0.05
     assert groups["smear_backout"]["lr"] == 0.2 and groups["smear_backout"]["betas"] == (0.8, 0.95)

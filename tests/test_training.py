@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO
+from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
 from xsa_exp.errors import ConfigError
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.training.run import train
@@ -308,7 +309,7 @@ def test_logged_tokens_per_sec_is_wall_time_between_step_lines_and_the_log_has_m
     assert sorted(printed) == [10, 20, 30, 40]
     logged = sum(512 / float(r["train/tokens_per_sec"]) for r in rows if 10 < int(r["step"]) <= 30)
     assert logged == pytest.approx(printed[30] - printed[10], rel=0.1)
-    model_flops = GPT(GPTConfig.from_config(cfg.model, cfg.xsa)).flops_per_token()
+    model_flops = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig))).flops_per_token()
     for r in rows:  # MFU = tokens/s x FLOPs per token / the configured peak; memory: this process's peak RSS on CPU
         assert float(r["train/mfu"]) == pytest.approx(float(r["train/tokens_per_sec"]) * model_flops / 1e12, rel=1e-9)
         assert float(r["train/peak_memory_gb"]) > 0.05

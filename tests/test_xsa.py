@@ -205,10 +205,11 @@ def test_settings_are_built_once_and_hold_the_one_on_rule():
     from omegaconf import OmegaConf
 
     from xsa_exp.arm import Arm
+    from xsa_exp.config.schema import XSAConfig, typed
 
     xsa_cfg = OmegaConf.create({"alpha": 0.0, "learnable": False, "parametrization": "sigmoid", "value_source": "plain",
                                 "layers": "last:2", "eps": 1e-6})
-    settings = XSASettings.from_config(xsa_cfg, 6, [1, 3, 5])
+    settings = XSASettings.of(typed(xsa_cfg, XSAConfig), 6, [1, 3, 5])
     assert settings.layers == [4, 5] and settings.value_source == "plain"
     assert not settings.on(5) and not settings.active  # a fixed alpha of 0 runs nowhere
     assert XSASettings(alpha=0.0, learnable=True, layers=[5]).on(5)  # a learnable alpha starting at 0 runs

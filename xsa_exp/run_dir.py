@@ -292,6 +292,7 @@ def load_trained(path: str | Path, map_location="cpu") -> LoadedRun:
     import torch
     from omegaconf import OmegaConf
 
+    from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
     from xsa_exp.data.tokenizer import Tokenizer
     from xsa_exp.model import GPT, GPTConfig
 
@@ -306,7 +307,7 @@ def load_trained(path: str | Path, map_location="cpu") -> LoadedRun:
     if not meta or "state_dict" not in checkpoint:
         raise RunError(f"{checkpoint_path} is not an xsa-exp checkpoint (no xsa_exp metadata or state_dict)")
     config = OmegaConf.create(meta["config"])
-    model = GPT(GPTConfig.from_config(config.model, config.xsa))
+    model = GPT(GPTConfig.of(typed(config.model, ModelConfig), typed(config.xsa, XSAConfig)))
     state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}
     try:
         model.load_state_dict(state)

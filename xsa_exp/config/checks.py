@@ -20,7 +20,7 @@ from xsa_exp.config.keys import check_schema, fmt, schema_meta
 from xsa_exp.errors import ConfigError
 from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.model.layout import SMEAR_GATE_CHANNELS, value_embedding_layers
-from xsa_exp.model.xsa_settings import XSASettings
+from xsa_exp.model.xsa_settings import resolve_layers
 from xsa_exp.optim.schedule import check_schedule
 
 SAMPLE_CORPUS_MAX_VOCAB = 21249
@@ -99,7 +99,7 @@ def check_xsa(x: DictConfig, m: DictConfig) -> None:
             or isinstance(layers, list) and not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)):
         raise ConfigError(f"xsa.layers={fmt(x.layers)} is not a layer selection; "
                           f"allowed: {schema_meta('xsa', 'layers')['accepts']}")
-    XSASettings.from_config(x, m.n_layer, value_embedding_layers(m.n_layer, m.value_embeds))  # resolves xsa.layers
+    resolve_layers(layers, m.n_layer, value_embedding_layers(m.n_layer, m.value_embeds))
 
 
 def check_optim(o: DictConfig) -> None:

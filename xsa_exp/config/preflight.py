@@ -11,6 +11,7 @@ line naming the key, what was given and what is allowed, with exit status 2.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import sys
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, MissingConfigException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -50,7 +52,9 @@ class Preflight(Callback):
 
 def check_run(entry: str, cfg: DictConfig) -> None:
     """One run's config (with its hydra node): the overrides Hydra accepts but that would do nothing, then every
-    value."""
+    value. Hydra's record of the run is set first, as Hydra sets it for a job: the group choices (depth_name, ...)
+    are `${hydra:runtime.choices...}`."""
+    HydraConfig.instance().set_config(copy.deepcopy(cfg))  # set_config makes the node it keeps read-only
     check_empty_dict_overrides(as_written(cfg.hydra.overrides.task), cfg)
     (validate if entry == "train" else validate_evaluate)(cfg)
 

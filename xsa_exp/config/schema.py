@@ -298,10 +298,10 @@ class LogConfig:
 
 @dataclass
 class TrainConfig:
-    depth_name: str = key(MISSING, "the depth preset (set by depth=...)")
-    stack_name: str = key(MISSING, "the recipe the settings start from (set by stack=...)",
-                          choices=("classic", "nanochat_2604"))
-    stage_name: str = key(MISSING, "the stage (set by stage=...)", choices=("base", "sft"))
+    # The group choices, as Hydra records them (kept in config.yaml, so a run's files name its presets).
+    depth_name: str = key("${hydra:runtime.choices.depth}", "the depth preset (depth=...)")
+    stack_name: str = key("${hydra:runtime.choices.stack}", "the recipe the settings start from (stack=...)")
+    stage_name: str = key("${hydra:runtime.choices.stage}", "the stage (stage=...)")
     seed: int = key(42, "seed of initialization and data order", ge=0, le=2**32 - 1)
     init_from: Optional[str] = key(None, "stage=sft: the base run directory it starts from")
     resume: Optional[str] = key(None, "auto: continue the run in hydra.run.dir from its newest valid checkpoint",
@@ -363,6 +363,14 @@ class EvaluateConfig:
                       accepts="auto, cpu, cuda, cuda:N")
     wandb: bool = key(False, "also log the summary to a wandb run in the training run's project and group")
     eval: EvaluateEvalConfig = field(default_factory=EvaluateEvalConfig)
+
+
+def typed(node, cls):
+    """The schema's dataclass `cls` of a config node: one of a composed config, or of a saved config.yaml (merged
+    onto the schema, so its defaults and types apply)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), node))
 
 
 DATA_SCHEMAS = {"sample": SampleDataConfig, "wiki": WikiDataConfig, "climbmix": ClimbmixDataConfig,

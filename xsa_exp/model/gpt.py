@@ -11,6 +11,7 @@ mid-network residual subtracted before the final norm).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
-from xsa_exp.config.schema import ModelConfig
+from xsa_exp.config.schema import ModelConfig, XSAConfig
 from xsa_exp.model.layout import SMEAR_GATE_CHANNELS, value_embedding_layers
 from xsa_exp.model.xsa_op import exclusive_self_attention, initial_theta, learnable_alpha
 from xsa_exp.model.xsa_settings import XSASettings
@@ -68,13 +69,8 @@ SMEAR_GATE_INIT_MAX = 0.02
 
 @dataclass
 class GPTConfig(ModelConfig):
-    """The schema's `model` keys (xsa_exp/config/schema.py: every switch's default and meaning, once), with the shape
-    defaults of nanochat's d12 for code that builds a model directly, and the resolved XSA settings."""
-    sequence_len: int = 2048
-    vocab_size: int = 32768
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
+    """The schema's `model` keys (xsa_exp/config/schema.py: every switch's default and meaning, once; the shape is the
+    depth preset's, no default) and the resolved XSA settings."""
     xsa: XSASettings = field(default_factory=XSASettings)  # the layers it runs in, its strength, where v comes from
 
     @property
@@ -100,13 +96,10 @@ class GPTConfig(ModelConfig):
         return [None if w is not None and w >= self.sequence_len - 1 else w for w in windows]
 
     @classmethod
-    def from_config(cls, model_cfg, xsa_cfg) -> GPTConfig:
-        """Build from the Hydra `model` and `xsa` nodes; raises ConfigError on a bad layer selection."""
-        settings = dict(model_cfg)
-        for pair in ("resid_lambda_init", "x0_lambda_init"):
-            settings[pair] = [float(x) for x in settings[pair]]
-        config = cls(**settings)
-        config.xsa = XSASettings.from_config(xsa_cfg, config.n_layer, config.ve_layers)
+    def of(cls, model: ModelConfig, xsa: XSAConfig) -> GPTConfig:
+        """From the schema's typed `model` and `xsa` settings; raises ConfigError on a bad layer selection."""
+        config = cls(**dataclasses.asdict(model))
+        config.xsa = XSASettings.of(xsa, config.n_layer, config.ve_layers)
         return config
 
 

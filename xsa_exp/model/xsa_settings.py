@@ -6,7 +6,7 @@ No torch here: the report applies the same rule to a run's run.json.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 from xsa_exp.config.schema import XSAConfig
 from xsa_exp.errors import ConfigError
@@ -21,13 +21,10 @@ class XSASettings(XSAConfig):
     layers: list[int] = field(default_factory=list)
 
     @classmethod
-    def from_config(cls, xsa_cfg, n_layer: int, ve_layers: list[int]) -> XSASettings:
-        """From the Hydra `xsa` node; the layer selection resolved for n_layer (ConfigError if it cannot be)."""
-        spec = xsa_cfg.layers
-        if not isinstance(spec, (str, int)):
-            spec = list(spec)
-        settings = {f.name: xsa_cfg[f.name] for f in fields(cls) if f.name != "layers"}
-        return cls(**settings, layers=resolve_layers(spec, n_layer, ve_layers))
+    def of(cls, xsa: XSAConfig, n_layer: int, ve_layers: list[int]) -> XSASettings:
+        """From the schema's typed `xsa` settings, the layer selection resolved for n_layer (ConfigError if it cannot
+        be)."""
+        return cls(**{**asdict(xsa), "layers": resolve_layers(xsa.layers, n_layer, ve_layers)})
 
     def on(self, layer: int) -> bool:
         """Whether XSA runs in this layer: selected, and not a fixed alpha of 0. Where it does not run it is

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from xsa_exp.config.schema import OptimConfig
 from xsa_exp.model.gpt import ROLE_BY_NAME
 
 
-def build_param_groups(model, optim_cfg) -> list[dict]:
+def build_param_groups(model, optim_cfg: OptimConfig) -> list[dict]:
     width_scale = (model.config.n_embd / 768) ** -0.5 if optim_cfg.width_lr_scaling else 1.0
     adamw = optim_cfg.adamw
     groups = []
     for role, named in model.named_param_groups().items():
         params = [p for _, p in named]
-        lr = float(optim_cfg.lr[role]) * optim_cfg.lr_scale
+        lr = float(getattr(optim_cfg.lr, role)) * optim_cfg.lr_scale
         if ROLE_BY_NAME[role].muon and optim_cfg.matrix_algorithm == "muon":
             muon = optim_cfg.muon
             groups.append(dict(role=role, algorithm="muon", params=params, lr=lr, momentum=float(muon.momentum),

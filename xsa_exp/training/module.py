@@ -8,6 +8,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from xsa_exp.config.schema import OptimConfig
 from xsa_exp.data.packing import inputs_and_targets
 from xsa_exp.model import GPT
 from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups
@@ -15,7 +16,7 @@ from xsa_exp.run_dir import checkpoint_meta
 
 
 class LanguageModel(L.LightningModule):
-    def __init__(self, model: GPT, optim_cfg, total_steps: int, run_config: dict | None = None,
+    def __init__(self, model: GPT, optim_cfg: OptimConfig, total_steps: int, run_config: dict | None = None,
                  max_skipped_steps: int = 0, compile_forward: bool = False):
         super().__init__()
         self.model = model

@@ -19,6 +19,7 @@ from xsa_exp import run_dir as rd
 from xsa_exp.arm import Arm
 from xsa_exp.cluster import cluster_plugins, device_peak_flops, export_submitit_local_ranks
 from xsa_exp.config.arithmetic import grad_accumulation, max_steps, world_size
+from xsa_exp.config.schema import TrainConfig
 from xsa_exp.console import quiet_libraries, quiet_wandb_logger, wandb_offline
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.errors import ConfigError
@@ -125,7 +126,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     if cfg.train.cpu_threads is not None:
         torch.set_num_threads(cfg.train.cpu_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
+    settings: TrainConfig = OmegaConf.to_object(cfg)  # typed: the model and optimizer take its parts
+    model = GPT(GPTConfig.of(settings.model, settings.xsa))
     base = load_base_run(cfg, model)
     datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size, cfg.train.device_batch_size,
                                 cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER)
@@ -144,7 +146,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     else:
         rank_zero_info(f"resuming from {resume_from}")
 
-    module = LanguageModel(model, cfg.optim, run["max_steps"], OmegaConf.to_container(cfg, resolve=True),
+    module = LanguageModel(model, settings.optim, run["max_steps"], OmegaConf.to_container(cfg, resolve=True),
                            cfg.train.skip_nonfinite_steps, compile_forward=cfg.train.compile)
     loggers = build_loggers(cfg, run_dir, arm, run.get("wandb_id"))
     callbacks = build_callbacks(cfg, run_dir, model)
