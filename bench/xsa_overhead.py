@@ -193,7 +193,7 @@ def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: in
     for _ in range(blocks):
         torch.manual_seed(0)
         model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
-        module = LanguageModel(model, typed(cfg.optim, OptimConfig), 10**6)
+        module = LanguageModel(model, typed(cfg.optim, OptimConfig), None, 10**6)
         clock = StepClock()
         # TrainMetrics included: the per-step loss sync, grad norm and row building are part of our framework's cost.
         callbacks = [TrainMetrics(batch.numel(), 0.9, 10**9), clock]

@@ -1,8 +1,9 @@
 """Every `python train.py` and `python evaluate.py` (or `torchrun ... evaluate.py`) command in the code blocks and
-inline code of the README and of the study's results (docs/results/README.md), and in the experiment presets'
-comments, composes and passes the preflight (every key, value and sweep job checked, data files included), with
-local stand-ins for what a user's machine has: a ClimbMix mirror (empty shard files under the real names), a folder
-of jsonl files, a finished base run for the SFT commands. So a documented command cannot drift from the configs."""
+inline code of the README, of the reference pages (docs/*.md) and of the study's results (docs/results/README.md),
+and in the experiment presets' comments, composes and passes the preflight (every key, value and sweep job checked,
+data files included), with local stand-ins for what a user's machine has: a ClimbMix mirror (empty shard files under
+the real names), a folder of jsonl files, a finished base run for the SFT commands. So a documented command cannot
+drift from the configs."""
 
 import os
 import re
@@ -27,7 +28,8 @@ def readme_commands() -> list[tuple[str, str]]:
     """(entry point, argument string) of each command, continuation lines joined, comments dropped: the code
     blocks and inline code of the two READMEs, and the commands in the experiment presets' comments
     ("#   python ...")."""
-    text = (REPO / "README.md").read_text() + (REPO / "docs" / "results" / "README.md").read_text()
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "docs" / "results" / "README.md"]
+    text = "".join(page.read_text() for page in pages)
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     blocks += re.findall(r"(?<!`)`((?:python|torchrun) [^`\n]*)`", re.sub(r"```.*?```", "", text, flags=re.S))
     for preset in sorted((CONF_DIR / "experiment").glob("*.yaml")):
@@ -35,7 +37,8 @@ def readme_commands() -> list[tuple[str, str]]:
     commands = []
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
-            commands += [(m.group(1), " ".join(m.group(2).split())) for m in COMMAND.finditer(line.split("  #")[0])]
+            commands += [(m.group(1), " ".join(m.group(2).split())) for m in COMMAND.finditer(line.split("  #")[0])
+                         if m.group(1) == "train" or m.group(2).strip()]  # `python evaluate.py` names the entry point
     return list(dict.fromkeys(commands))  # a preset and the docs may show the same command
 
 
@@ -68,7 +71,8 @@ def arguments(args: str, stand_ins: dict) -> list[str]:
 def test_the_readme_has_the_commands_this_test_reads():
     """The sections the test is for: GPU, corpora, checkpoints, the study, SLURM, SFT, evaluation."""
     joined = [f"{entry}.py {args}" for entry, args in COMMANDS]
-    for expected in ("train.py depth=d12", "train.py depth=d24", "data=climbmix", "data=local", "resume=auto",
+    for expected in ("experiment=xsa_d12", "train.py depth=d24", "depth=nanochat", "data=climbmix", "data=local",
+                     "resume=auto",
                      "experiment=xsa_d24", "hydra/launcher=slurm", "stage=sft", "evaluate.py run="):
         assert any(expected in command for command in joined), expected
 

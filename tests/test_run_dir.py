@@ -47,7 +47,8 @@ def test_status_and_run_info_round_trip(tmp_path):
                        optim="muon", lr_scale=1.0, seed=3)
     info = rd.run_info(run_dir=tmp_path, max_steps=10, tokens_per_step=512, grad_accumulation=1, precision="32-true",
                        precision_reason="test", float32_matmul_precision="highest", xsa_layers=[0, 1],
-                       param_counts={"total": 5}, flops_per_token=600, arm=arm)
+                       param_counts={"total": 5}, flops_per_token=600, arm=arm,
+                       nanochat_transfer=None)
     rd.write_run_files(tmp_path, "seed: 3\n", info)
     rd.update_run_info(tmp_path, val_scope={"whole": True})
     assert rd.read_run_info(tmp_path) == {**info, "val_scope": {"whole": True}}

@@ -160,6 +160,10 @@ class OptimConfig:
     lr_scale: float = key(1.0, "multiplies every learning rate (the stability sweep's knob)", gt=0,
                           hint="it multiplies every learning rate")
     width_lr_scaling: bool = key(True, "embedding/value-embedding/lm_head lrs x (n_embd / 768)^-0.5")
+    nanochat_transfer: bool = key(False, "nanochat's transfer from its d12 at 2^19 tokens: the batch where "
+                                         "train.total_batch_tokens is null (x (horizon / d12's)^0.383, a power of 2), "
+                                         "lrs x sqrt(batch / 2^19), Muon weight decay x sqrt(batch / 2^19) x d12's "
+                                         "horizon / this run's")
     lr: LrConfig = field(default_factory=LrConfig)
     muon: MuonConfig = field(default_factory=MuonConfig)
     adamw: AdamWConfig = field(default_factory=AdamWConfig)
@@ -259,13 +263,15 @@ class LoggerConfig:
 
 @dataclass
 class TrainLoopConfig:
-    total_batch_tokens: int = key(MISSING, "tokens per optimizer step", ge=1)
+    total_batch_tokens: Optional[int] = key(None, "tokens per optimizer step; null = nanochat's batch rule "
+                                                   "(optim.nanochat_transfer)", ge=1)
     device_batch_size: int = key(MISSING, "sequences per micro-batch per device", ge=1)
     max_steps: Optional[int] = key(None, "run length in steps (first set of max_steps, target_tokens, epochs, "
                                          "param_data_ratio)", ge=1)
     target_tokens: Optional[int] = key(None, "run length in tokens", ge=1)
     epochs: Optional[int] = key(None, "passes over a corpus held in memory (data=sample, wiki, sft)", ge=1)
-    param_data_ratio: float = key(20, "tokens per hidden-matrix + lm_head parameter (nanochat's compute-optimal rule)",
+    param_data_ratio: float = key(20, "tokens per scaling parameter (hidden matrices + lm_head): the run's horizon "
+                                      "(nanochat's compute-optimal rule)",
                                   gt=0)
     grad_clip: float = key(0.0, "max global grad norm; 0 = off", ge=0)
     skip_nonfinite_steps: int = key(0, "non-finite updates skipped before the run stops; 0 = stop at the first", ge=0)
@@ -366,11 +372,12 @@ class EvaluateConfig:
 
 
 def typed(node, cls):
-    """The schema's dataclass `cls` of a config node: one of a composed config, or of a saved config.yaml (merged
-    onto the schema, so its defaults and types apply)."""
+    """The schema's dataclass `cls` of a config node: one of a composed config (its interpolations resolved where they
+    point, in the whole config), or of a saved config.yaml (merged onto the schema, so its defaults and types
+    apply)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), node))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.to_container(node, resolve=True)))
 
 
 DATA_SCHEMAS = {"sample": SampleDataConfig, "wiki": WikiDataConfig, "climbmix": ClimbmixDataConfig,
@@ -383,9 +390,13 @@ def register() -> None:
     from omegaconf import OmegaConf
 
     from xsa_exp.arm import Arm
+    from xsa_exp.config.arithmetic import nanochat_shape
 
     # a run directory's name (train.yaml's hydra.run.dir)
     OmegaConf.register_new_resolver("run_name", Arm.run_name, replace=True)
+    # depth=nanochat's shape from its depth: ${nanochat_shape:n_embd,${model.n_layer}}
+    OmegaConf.register_new_resolver("nanochat_shape", lambda part, n_layer: nanochat_shape(n_layer)[
+        ("n_embd", "n_head").index(part)], replace=True)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)

@@ -36,6 +36,7 @@ class ParamRole:
     counted_as: str                             # its line in GPT.param_counts
     muon: bool = False                          # orthogonalized by Muon (unless optim.matrix_algorithm=adamw)
     width_scaled_lr: bool = False               # AdamW lr x (n_embd / 768)^-0.5 (optim.width_lr_scaling), nanochat's
+    batch_scaled_lr: bool = True                # lr x sqrt(batch / 2^19) under optim.nanochat_transfer, as nanochat
 
 
 # Every parameter has exactly one role (GPT.named_param_groups checks it); the optimizer's groups follow this order.
@@ -48,9 +49,10 @@ PARAM_ROLES = (
               width_scaled_lr=True),
     ParamRole("resid_scalar", lambda name, p: name == "resid_lambdas", "scalars"),
     ParamRole("x0_scalar", lambda name, p: name == "x0_lambdas", "scalars"),
+    # nanochat keeps these at a fixed lr at every batch
     ParamRole("smear_backout", lambda name, p: name in ("smear_gate.weight", "smear_lambda", "backout_lambda"),
-              "scalars"),
-    ParamRole("xsa_theta", lambda name, p: name.endswith(".xsa_theta"), "scalars"),
+              "scalars", batch_scaled_lr=False),
+    ParamRole("xsa_theta", lambda name, p: name.endswith(".xsa_theta"), "scalars", batch_scaled_lr=False),
 )
 ROLE_BY_NAME = {role.name: role for role in PARAM_ROLES}
 

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+from xsa_exp.config.arithmetic import Transfer
 from xsa_exp.config.schema import OptimConfig
 from xsa_exp.model.gpt import ROLE_BY_NAME
 
 
-def build_param_groups(model, optim_cfg: OptimConfig) -> list[dict]:
+def build_param_groups(model, optim_cfg: OptimConfig, transfer: Transfer | None = None) -> list[dict]:
+    """transfer: nanochat's lr factor and Muon weight decay for this run (optim.nanochat_transfer), or None."""
     width_scale = (model.config.n_embd / 768) ** -0.5 if optim_cfg.width_lr_scaling else 1.0
     adamw = optim_cfg.adamw
     groups = []
     for role, named in model.named_param_groups().items():
         params = [p for _, p in named]
         lr = float(getattr(optim_cfg.lr, role)) * optim_cfg.lr_scale
+        if transfer is not None and ROLE_BY_NAME[role].batch_scaled_lr:
+            lr *= transfer.lr_factor
         if ROLE_BY_NAME[role].muon and optim_cfg.matrix_algorithm == "muon":
             muon = optim_cfg.muon
+            weight_decay = muon.weight_decay if transfer is None else transfer.muon_weight_decay
             groups.append(dict(role=role, algorithm="muon", params=params, lr=lr, momentum=float(muon.momentum),
                                nesterov=bool(muon.nesterov), ns_steps=int(muon.ns_steps),
                                ns_coefficients=str(muon.ns_coefficients), ns_dtype=str(muon.ns_dtype),
-                               sharded=bool(muon.sharded), weight_decay=float(muon.weight_decay),
+                               sharded=bool(muon.sharded), weight_decay=float(weight_decay),
                                cautious_weight_decay=bool(muon.cautious_weight_decay),
                                variance_reduction=bool(muon.variance_reduction), beta2=float(muon.beta2)))
             continue

@@ -8,6 +8,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from xsa_exp.config.arithmetic import Transfer
 from xsa_exp.config.schema import OptimConfig
 from xsa_exp.data.packing import inputs_and_targets
 from xsa_exp.model import GPT
@@ -16,14 +17,14 @@ from xsa_exp.run_dir import checkpoint_meta
 
 
 class LanguageModel(L.LightningModule):
-    def __init__(self, model: GPT, optim_cfg: OptimConfig, total_steps: int, run_config: dict | None = None,
-                 max_skipped_steps: int = 0, compile_forward: bool = False):
+    def __init__(self, model: GPT, optim_cfg: OptimConfig, transfer: Transfer | None, total_steps: int,
+                 run_config: dict | None = None, max_skipped_steps: int = 0, compile_forward: bool = False):
         super().__init__()
         self.model = model
         # Only the training forward is compiled (one shape, one graph); evaluations call the eager model, whose
         # shapes change from batch to batch (CORE's examples, the last validation batch) and would recompile.
         self.train_forward = torch.compile(model.forward) if compile_forward else model.forward
-        self.optim_cfg = optim_cfg
+        self.optim_cfg, self.transfer = optim_cfg, transfer
         self.total_steps = total_steps
         self.run_config = run_config
         self.max_skipped_steps = max_skipped_steps
@@ -96,7 +97,7 @@ class LanguageModel(L.LightningModule):
                        f"({self.skipped_steps} of train.skip_nonfinite_steps={self.max_skipped_steps})")
 
     def configure_optimizers(self):
-        optimizer = MuonAdamW(build_param_groups(self.model, self.optim_cfg))
+        optimizer = MuonAdamW(build_param_groups(self.model, self.optim_cfg, self.transfer))
         muon, schedule = self.optim_cfg.muon, self.optim_cfg.schedule
         scheduler = OptimizerSchedule(
             optimizer, self.total_steps, schedule.warmup_steps, schedule.warmdown_frac, schedule.final_lr_frac,

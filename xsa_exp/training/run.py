@@ -18,7 +18,14 @@ from omegaconf import DictConfig, OmegaConf
 from xsa_exp import run_dir as rd
 from xsa_exp.arm import Arm
 from xsa_exp.cluster import cluster_plugins, device_peak_flops, export_submitit_local_ranks
-from xsa_exp.config.arithmetic import grad_accumulation, max_steps, world_size
+from xsa_exp.config.arithmetic import (
+    Transfer,
+    batch_tokens,
+    grad_accumulation,
+    max_steps,
+    nanochat_transfer,
+    world_size,
+)
 from xsa_exp.config.schema import TrainConfig
 from xsa_exp.console import quiet_libraries, quiet_wandb_logger, wandb_offline
 from xsa_exp.data.datamodule import TextDataModule
@@ -73,7 +80,7 @@ def warn_if_it_will_not_fit(model: GPT, cfg: DictConfig) -> None:
     device = torch.cuda.get_device_properties(torch.cuda.current_device())
     message = memory_warning(model, cfg.train.device_batch_size, cfg.train.compile,
                              cfg.optim.matrix_algorithm == "muon", device.total_memory, device.name,
-                             cfg.model.sequence_len * world_size(cfg.trainer), cfg.train.total_batch_tokens)
+                             cfg.model.sequence_len * world_size(cfg.trainer), batch_tokens(cfg))
     if message:
         rank_zero_warn(message)
 
@@ -93,7 +100,7 @@ def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict, wandb_id: str |
     return loggers
 
 
-def print_start(model: GPT, cfg: DictConfig, run: dict) -> None:
+def print_start(model: GPT, cfg: DictConfig, run: dict, transfer: Transfer | None) -> None:
     lines = ["parameters:"] + [f"  {name:<28}{count:>14,}" for name, count in model.param_counts().items()]
     xsa = model.config.xsa
     if xsa.learnable:
@@ -108,6 +115,8 @@ def print_start(model: GPT, cfg: DictConfig, run: dict) -> None:
     lines.append(f"schedule: {run['max_steps']} steps x {run['tokens_per_step']:,} tokens "
                  f"({run['max_steps'] * run['tokens_per_step']:,} tokens), grad accumulation "
                  f"{run['grad_accumulation']}, precision {run['precision']} ({run['precision_reason']})")
+    if transfer is not None:
+        lines.append(transfer.describe())
     lines.append(f"run directory: {run['run_dir']}")
     rank_zero_info("\n".join(lines))
 
@@ -132,12 +141,13 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size, cfg.train.device_batch_size,
                                 cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER)
     arm = Arm.run_keys_of(cfg)
-    run = describe_run(cfg, run_dir, model, max_steps(cfg.train, model, datamodule), base, arm)
+    transfer = nanochat_transfer(cfg)
+    run = describe_run(cfg, run_dir, model, max_steps(cfg, datamodule), base, arm, transfer)
     if cfg.logger.wandb is not None:  # one wandb run across requeues and resumes: its id is kept in run.json
         run["wandb_id"] = resumed_wandb_id(run_dir) if resume_from else secrets.token_hex(4)
     # before the run's files are written: a run that fails this check leaves nothing that blocks its rerun
     check_schedule(run["max_steps"], cfg.optim.schedule.warmup_steps, cfg.optim.schedule.warmdown_frac)
-    print_start(model, cfg, run)
+    print_start(model, cfg, run, transfer)
     if accelerator_is_cuda(cfg.trainer):
         warn_if_it_will_not_fit(model, cfg)
     if resume_from is None:
@@ -146,8 +156,9 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     else:
         rank_zero_info(f"resuming from {resume_from}")
 
-    module = LanguageModel(model, settings.optim, run["max_steps"], OmegaConf.to_container(cfg, resolve=True),
-                           cfg.train.skip_nonfinite_steps, compile_forward=cfg.train.compile)
+    module = LanguageModel(model, settings.optim, transfer, run["max_steps"],
+                           OmegaConf.to_container(cfg, resolve=True), cfg.train.skip_nonfinite_steps,
+                           compile_forward=cfg.train.compile)
     loggers = build_loggers(cfg, run_dir, arm, run.get("wandb_id"))
     callbacks = build_callbacks(cfg, run_dir, model)
     trainer = build_trainer(cfg, run, loggers, callbacks)
@@ -195,16 +206,18 @@ def previous_attempt(cfg: DictConfig, run_dir: Path) -> tuple[bool, str | None]:
 
 
 def describe_run(cfg: DictConfig, run_dir: Path, model: GPT, max_steps: int, base: LoadedRun | None,
-                 arm: dict) -> dict:
-    """run.json's content: the arm, the schedule, the precision (resolved here) and the model's counts."""
+                 arm: dict, transfer: Transfer | None) -> dict:
+    """run.json's content: the arm, the schedule, nanochat's transfer, the precision (resolved here) and the model's
+    counts."""
     precision, precision_reason = resolve_precision(cfg.trainer, cfg.model.n_embd)
     if accelerator_is_cuda(cfg.trainer):
         torch.set_float32_matmul_precision("high")  # TF32 for the matmuls autocast leaves in fp32 (as nanochat)
-    return rd.run_info(run_dir=run_dir, max_steps=max_steps, tokens_per_step=cfg.train.total_batch_tokens,
+    return rd.run_info(run_dir=run_dir, max_steps=max_steps, tokens_per_step=batch_tokens(cfg),
                        grad_accumulation=grad_accumulation(cfg), precision=precision, precision_reason=precision_reason,
                        float32_matmul_precision=torch.get_float32_matmul_precision(),
                        xsa_layers=model.config.xsa.layers, param_counts=model.param_counts(),
                        flops_per_token=model.flops_per_token(), arm=arm,
+                       nanochat_transfer=transfer and transfer.as_dict(),
                        init_from=base and {"run": str(base.run_dir), "checkpoint": str(base.checkpoint),
                                            "step": base.step})
 
@@ -269,7 +282,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT) -> list[L.Callba
     next update's time starts after all of them (Lightning runs the periodic checkpoint after every callback, so
     it is taken after every row of its step is logged, and restarts the clock itself). Every step with a console
     line, an evaluation or a checkpoint is a host-sync step; the updates between them never wait for the device."""
-    tokens = cfg.train.total_batch_tokens
+    tokens = batch_tokens(cfg)
     e = cfg.eval
     bundle = (require_bundle(e.bundle_dir, f"eval.core_every={e.core_every}", "use eval.core_every=0")
               if e.core_every > 0 else None)
