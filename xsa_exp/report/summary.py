@@ -161,10 +161,10 @@ def markdown(groups: dict[str, list[Cell]]) -> str:
              "Written by `python -m xsa_exp.report --summary docs/results` from the questions' numbers.csv alone, the "
              "cells that summary.yaml selects; forest.png plots them. Δ: XSA arm − its baseline arm, paired over n "
              "seeds, 95% t-interval. SD: of the per-seed Δ; 95% PI: where one new seed pair's Δ would fall "
-             "(Δ ± t·SD·√(1 + 1/n)). p: the paired t-test's, two-sided; Holm: p adjusted over the question's family "
-             "of paired tests (its report's every paired Δ, Δ − reference Δ and interaction; their number in "
-             "\"tests\"), so a Holm p below 0.05 stays a call at 5% whatever else the question tested. Where a "
-             "numbers.csv predates p-values, p and SD are recovered from its interval exactly.", ""]
+             "(Δ ± t·SD·√(1 + 1/n)). p: the paired t-test's, two-sided; Holm: p adjusted within the question's family, "
+             "its report's paired Δ val/bpb tests (their number in \"tests\"), so a Holm p below 0.05 stays a call at "
+             "5% however many cells the question tested. Where a numbers.csv predates p-values, p and SD are "
+             "recovered from its interval exactly.", ""]
     for recipe, cells in groups.items():
         rows = [[c.question, c.title, f"`{c.label}`", c.arm, num(c.delta.value, sign=True),
                  f"[{num(c.delta.low, sign=True)}, {num(c.delta.high, sign=True)}]", str(c.delta.n), num(c.delta.sd),
