@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import shutil
 import warnings
 from pathlib import Path
 
@@ -29,10 +28,11 @@ from xsa_exp.run_dir import LoadedRun, RunError, load_trained
 from xsa_exp.run_lock import LockLost
 from xsa_exp.training.checkpoints import PeriodicCheckpoint, RunDirCheckpointIO, remove_untracked_step_checkpoints
 from xsa_exp.training.evaluations import AttentionDiagnostics, CoreEvaluation, ValidationBPB
-from xsa_exp.training.metrics_log import HostSync, TrainMetrics, UpdateClock
+from xsa_exp.training.metrics_log import HostSync, RunCSVLogger, TrainMetrics, UpdateClock
 from xsa_exp.training.module import LanguageModel
 from xsa_exp.training.preemption import PreemptionCheckpoint
 from xsa_exp.training.sole_writer import LockCheck, RunDirWriter
+from xsa_exp.write_failures import write_failure
 
 
 def cpu_has_native_bf16() -> bool:
@@ -79,7 +79,7 @@ def warn_if_it_will_not_fit(model: GPT, cfg: DictConfig) -> None:
 
 
 def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict, wandb_id: str | None) -> list:
-    loggers = [CSVLogger(save_dir=str(run_dir), name="", version="")]
+    loggers = [RunCSVLogger(save_dir=str(run_dir), name="", version="")]
     if cfg.logger.wandb is not None:
         w = cfg.logger.wandb
         offline = wandb_offline()
@@ -239,16 +239,12 @@ def fit(trainer: L.Trainer, module: LanguageModel, datamodule: TextDataModule, r
         exit_code = 0
     except BaseException as e:
         # Recorded so that a sweep's report lists this job as failed instead of reading a partial log as a result;
-        # an exit (a launcher's requeue before training started) or Ctrl-C leaves it resumable, as interrupted. After a
-        # lost lock the directory is not ours to write.
-        if not isinstance(e, LockLost):
+        # an exit (a launcher's requeue before training started) or Ctrl-C leaves it resumable, as interrupted. A failed
+        # write is recorded with its one line by RunDirWriter; after a lost lock the directory is not ours to write.
+        if not isinstance(e, LockLost) and write_failure(e, run_dir) is None:
             status = "interrupted" if isinstance(e, (SystemExit, KeyboardInterrupt)) else "failed"
             with contextlib.suppress(OSError):  # a full disk may refuse this too
                 save_status(run_dir, status, trainer.global_step, f"{type(e).__name__}: {e}")
-        if isinstance(e, OSError):
-            raise RuntimeError(f"cannot write to run directory {run_dir} at step {trainer.global_step} "
-                               f"({e.strerror or e}); completed checkpoints are intact — free space or fix "
-                               "permissions, then rerun with resume=auto") from e
         raise
     finally:
         # A sweep's next job in this process (Hydra's basic launcher, a joblib worker) would otherwise log into this
@@ -336,4 +332,4 @@ def save_status(run_dir: Path, status: str, step: int, error: str | None = None)
 @rank_zero_only
 def save_tokenizer(run_dir: Path, datamodule: TextDataModule) -> None:
     """Copy the tokenizer next to the checkpoint, so the run stays usable after the cache is cleared."""
-    shutil.copytree(datamodule.tokenizer_dir, run_dir / rd.TOKENIZER, dirs_exist_ok=True)
+    rd.copy_tokenizer(datamodule.tokenizer_dir, run_dir)
