@@ -204,6 +204,17 @@ def test_the_other_ranks_go_on_once_rank_zero_holds_the_lock_of_their_launch(tmp
         await_rank_zero(tmp_path, rank=1, timeout_s=60)
 
 
+def test_a_lock_file_without_a_record_beats_with_its_modification_time(tmp_path):
+    """Left by a process killed as it created it: refused while recent, taken over once as old as a stale heartbeat."""
+    (tmp_path / "run.lock").write_bytes(b"")
+    with pytest.raises(RunDirInUse, match=r"is in use by an unreadable lock file, last heartbeat \d s ago"):
+        acquire(tmp_path)
+    old = time.time() - run_lock.STALE_S - 5
+    os.utime(tmp_path / "run.lock", (old, old))
+    acquire(tmp_path).release()
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_lock_that_cannot_be_written_whole_is_not_left_half_written(tmp_path, monkeypatch):
     """On a full disk the empty file would block the directory until it looked stale."""
     def full(descriptor):
