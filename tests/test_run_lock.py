@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import REPO, SMALL
 from xsa_exp import run_lock
-from xsa_exp.run_lock import LockLost, RunDirInUse, acquire, await_rank_zero, process_space
+from xsa_exp.run_lock import LockLost, RunDirInUse, acquire, await_rank_zero, process_space, process_start
 from xsa_exp.training import metrics_log
 from xsa_exp.training.run import train
 
@@ -32,10 +32,12 @@ def train_steps(run_dir: Path) -> list[int]:
         return [int(r["step"]) for r in csv.DictReader(f) if r["train/loss"]]
 
 
-def dead_pid() -> int:
+def dead_process() -> dict:
+    """The pid of a process that has exited, and its start time: a pid reused meanwhile is another process."""
     process = subprocess.Popen([sys.executable, "-c", "pass"])
+    start = process_start(process.pid)  # readable until it is waited for
     process.wait()
-    return process.pid
+    return {"pid": process.pid, "pid_start": start}
 
 
 def write_lock(run_dir: Path, *, pid: int, heartbeat_age: float, host: str | None = None, **fields) -> bytes:
@@ -80,7 +82,7 @@ def test_of_two_launches_at_once_one_trains_and_the_other_stops_in_one_line(tmp_
 
 def test_a_lock_left_by_a_process_that_no_longer_exists_is_taken_over(tmp_path, small_cfg):
     run_dir = tmp_path / "run"
-    write_lock(run_dir, pid=dead_pid(), heartbeat_age=0)  # fresh, but its process is gone: dead at once
+    write_lock(run_dir, **dead_process(), heartbeat_age=0)  # fresh, but its process is gone: dead at once
     train(small_cfg("train.max_steps=2", "resume=auto"), run_dir)
     assert train_steps(run_dir) == [1, 2] and not (run_dir / "run.lock").exists()
     assert not list(run_dir.glob("run.lock.*"))
@@ -142,7 +144,7 @@ def test_of_contenders_for_a_dead_holders_lock_exactly_one_wins(tmp_path):
                  "time.sleep(3); lock.release()")
     for attempt in range(3):
         run_dir = tmp_path / f"run{attempt}"
-        write_lock(run_dir, pid=dead_pid(), heartbeat_age=0)
+        write_lock(run_dir, **dead_process(), heartbeat_age=0)
         processes = [subprocess.Popen([sys.executable, "-c", contender, str(run_dir)], cwd=REPO) for _ in range(4)]
         assert sorted(p.wait(timeout=120) for p in processes) == [0, 3, 3, 3]
         assert not list(run_dir.iterdir())  # the winner released it; no moved lock left behind
@@ -151,7 +153,7 @@ def test_of_contenders_for_a_dead_holders_lock_exactly_one_wins(tmp_path):
 def test_a_contender_late_with_its_takeover_never_removes_the_winners_lock(tmp_path):
     """Two contenders judge the same dead lock; one takes it over and holds it before the other acts. The late one
     moves the winner's lock aside, finds it is not the lock it judged, and puts it back."""
-    stale = write_lock(tmp_path, pid=dead_pid(), heartbeat_age=0)
+    stale = write_lock(tmp_path, **dead_process(), heartbeat_age=0)
     winner = acquire(tmp_path)
     held = (tmp_path / "run.lock").read_bytes()
     run_lock.take_over(tmp_path / "run.lock", stale)  # the late contender, acting on what it read before
