@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from tests.conftest import REPO, SMALL
 from xsa_exp.errors import ConfigError
 from xsa_exp.run_dir import RunError
 from xsa_exp.training.run import train
+from xsa_exp.write_failures import WriteFailed
 
 pytestmark = pytest.mark.slow
 ARGS = [*SMALL, "train.max_steps=9", "train.checkpoint_every=3", "eval.every=2", "eval.diag_every=4"]
@@ -194,18 +194,19 @@ def test_disk_full_while_checkpointing_keeps_the_good_checkpoints(tmp_path, smal
 
     real_save = torch.save
 
-    def full_disk(obj, path, *args, **kwargs):
-        if "step000004" in str(path):
-            Path(path).write_bytes(b"half a checkpoint")
+    def full_disk(obj, file, *args, **kwargs):  # the checkpoint's file, opened beside its final name
+        if "step000004" in file.name:
+            file.write(b"half a checkpoint")
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_save(obj, path, *args, **kwargs)
+        real_save(obj, file, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", full_disk)
     system_tmp = tmp_path / "system-tmp"
     system_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
     run_dir = tmp_path / "run"
-    with pytest.raises(RuntimeError, match="cannot write to run directory .* at step 4 .No space left on device"):
+    with pytest.raises(WriteFailed, match="no space left on .* while writing .*step000004.ckpt; the newest complete "
+                       "checkpoint is .*step000002.ckpt; free space and relaunch with resume=auto"):
         train(small_cfg("train.max_steps=6", "train.checkpoint_every=2"), run_dir)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step000002.ckpt"]
     assert not list(system_tmp.iterdir())  # nothing staged there

@@ -56,6 +56,13 @@ def test_status_and_run_info_round_trip(tmp_path):
     assert not list(tmp_path.glob(".*"))  # no temporary files left behind by the atomic writes
 
 
+def test_a_metrics_row_cut_short_by_a_full_disk_is_left_out(tmp_path):
+    """Its step may be cut short too ("1" of "12"), which would keep it among the rows a resume keeps."""
+    (tmp_path / rd.METRICS).write_text("step,train/loss\r\n1,5.0\r\n2,4.5\r\n1")
+    assert rd.read_metric_rows(tmp_path, up_to_step=2) == [{"step": "1", "train/loss": "5.0"},
+                                                           {"step": "2", "train/loss": "4.5"}]
+
+
 def test_eval_folders_never_reuse_one_and_are_read_oldest_first(tmp_path):
     first = rd.new_eval_dir(tmp_path, "checkpoints/final.ckpt", 10, "20260101-120000")
     again = rd.new_eval_dir(tmp_path, "checkpoints/final.ckpt", 10, "20260101-120000")

@@ -113,6 +113,18 @@ def test_rows_that_do_not_fit_the_format_are_one_clear_error(tmp_path):
         load_conversations(data, "train_sources")
 
 
+def test_a_malformed_line_of_chat_data_is_named_as_an_editor_numbers_it(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    good = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
+    bad.write_text("\n".join([good] * 17 + ['{"messages": [}'] + [good] * 3) + "\n")
+    data = compose_config(*SMALL, "stage=sft", "init_from=x", *SFT_DATA,
+                          f"data.train_sources.smoltalk.data_files={bad}").data
+    with pytest.raises(DataError) as e:
+        load_conversations(data, "train_sources")
+    assert str(e.value) == (f"cannot load {bad}: line 18 is not valid JSON (Expecting value at column 15); correct it, "
+                            "or leave it out of data.train_sources.smoltalk.data_files")
+
+
 def test_stage_checks(base_run, tmp_path):
     validate(sft_cfg(base_run))  # the base run's own settings pass
     cases = [

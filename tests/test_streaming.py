@@ -393,6 +393,24 @@ def test_local_txt_corpus_with_a_validation_path(tmp_path, cache):
     assert sum(map(len, read_documents(sources.local_corpus(whole_files), data.corpus.train_files))) == 3
 
 
+@pytest.mark.parametrize("name,content,expected", [
+    ("a.jsonl", b'{"text": "one"}\n\n{"text": "two"}\n{"text": "three}\n{"text": "four"}\n',
+     "line 4 is not valid JSON (Unterminated string starting at column 10)"),
+    ("a.jsonl", b'\xef\xbb\xbf{"text": "one"}\n{"text": "two"}\n["three"]\n', "line 3 is not a JSON object"),
+    ("a.json", b'[\n {"text": "one"},\n {"text": "two"}\n {"text": "three"}\n]\n',
+     "line 4 is not valid JSON (Expecting ',' delimiter at column 2)"),
+    ("a.txt", b"one\ntwo\n\nfour \xff\n", "line 4 is not UTF-8 (byte 0xff at byte 6 of the line)")])
+def test_a_malformed_line_is_named_as_an_editor_numbers_it(tmp_path, name, content, expected):
+    """The readers count rows from 0 within a chunk of the file (a malformed line 18 was "row 17"); the message
+    names the line as an editor shows it, counting blank lines (and not a byte-order mark)."""
+    (tmp_path / name).write_bytes(content)
+    (tmp_path / "val.txt").write_text("the validation file\n")
+    corpus = sources.local_corpus(compose_config("data=local", f"data.path={tmp_path}", "data.txt_sample_by=line").data)
+    with pytest.raises(DataError) as e:
+        list(read_documents(corpus, (str(tmp_path / name),)))
+    assert one_line(e).startswith(f"cannot read {tmp_path / name}: {expected}; check that the file is readable")
+
+
 def test_local_corpus_settings_are_checked_in_one_line(tmp_path):
     (tmp_path / "only.jsonl").write_text('{"text": "x"}\n')
     cases = [([], "data=local needs data.path"),

@@ -2,8 +2,9 @@
 
 Quiet by default: Lightning's hardware lines, tips and "fit stopped"/"weights_only" notes; wandb's banner
 and its "anonymous setting" warning (an offline run still says where its log is); the torch pytree
-deprecation warning Lightning triggers; datasets' progress bars ("Generating train split"). Warnings
-and errors of our own, and every library's errors, still show.
+deprecation warning Lightning triggers; datasets' progress bars ("Generating train split"), and the line its JSON
+reader logs before raising a parse error (which we report, naming the line). Warnings and errors of our own, and every
+error a library raises, still show.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def quiet_libraries() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, DropNoise) for f in logger.filters):
             logger.addFilter(DropNoise())
+    # datasets' JSON reader logs a parse error before raising it, as a row counted from 0 within a 10 MB chunk;
+    # the error we report names the line (data/sources.py, first_bad_line).
+    logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
 
 
 def wandb_offline() -> bool:

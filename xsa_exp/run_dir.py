@@ -28,6 +28,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import tempfile
 import time
 import warnings
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xsa_exp.errors import UserError
+from xsa_exp.write_failures import writing
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -95,14 +97,15 @@ def is_finished(run_dir: Path) -> bool:
 def atomic_write_text(path: Path, text: str) -> None:
     """Write to a temporary file beside path, then rename: a reader sees the old or the new file, never half."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -176,14 +179,18 @@ def read_status(run_dir: Path) -> dict:
 
 
 def read_metric_rows(run_dir: Path, up_to_step: int | None = None) -> list[dict[str, str]]:
-    """metrics.csv's rows (only the cells a row logged), those after up_to_step left out."""
+    """metrics.csv's rows (only the cells a row logged), those after up_to_step left out. A last row without its
+    line end was cut short (a full disk, a kill) and is left out: its step may be cut short too."""
     with open(Path(run_dir) / METRICS, newline="") as f:
-        return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)
-                if up_to_step is None or int(row["step"]) <= up_to_step]
+        lines = f.read().splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines.pop()
+    return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(lines)
+            if up_to_step is None or int(row["step"]) <= up_to_step]
 
 
 def append_diagnostics(run_dir: Path, record: dict) -> None:
-    with open(Path(run_dir) / DIAGNOSTICS, "a") as f:
+    with writing(Path(run_dir) / DIAGNOSTICS), open(Path(run_dir) / DIAGNOSTICS, "a") as f:
         f.write(json.dumps(record) + "\n")
 
 
@@ -200,7 +207,8 @@ def truncate_diagnostics(run_dir: Path, step: int) -> None:
     path = Path(run_dir) / DIAGNOSTICS
     if path.is_file():
         kept = [line for line in path.read_text().splitlines() if diagnostics_step(line) <= step]
-        path.write_text("".join(line + "\n" for line in kept))
+        with writing(path):
+            path.write_text("".join(line + "\n" for line in kept))
 
 
 def read_diagnostics(run_dir: Path) -> list[dict]:
@@ -225,6 +233,15 @@ def set_aside_unfinished_logs(run_dir: Path) -> None:
         path = Path(run_dir) / name
         if path.is_file():
             path.rename(path.with_name(f"{path.stem}.unfinished-{stamp}{path.suffix}"))
+
+
+def copy_tokenizer(source: Path, run_dir: Path) -> None:
+    """Copy the tokenizer's files into the run (file by file: copytree reports a full disk as a list of strings)."""
+    target = Path(run_dir) / TOKENIZER
+    target.mkdir(exist_ok=True)
+    for file in Path(source).iterdir():
+        with writing(target / file.name):
+            shutil.copy2(file, target / file.name)
 
 
 # -----------------------------------------------------------------------------

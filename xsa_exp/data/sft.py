@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from xsa_exp.data.chat import render_conversation
 from xsa_exp.data.conversations import CONVERTERS
 from xsa_exp.data.packing import cut_rows, mask_tokens
-from xsa_exp.data.sources import FORMATS, DataError, match_files, offline_variable
+from xsa_exp.data.sources import FORMATS, DataError, first_bad_line, match_files, offline_variable
 from xsa_exp.data.tokenizer import Tokenizer
 
 
@@ -35,6 +35,7 @@ def load_rows(key: str, source: DictConfig):
     """The rows of one source (config key `key`), a `datasets.Dataset`; at most source.max_rows of them."""
     import datasets
 
+    files = []
     if source.data_files:
         files = match_files(source.data_files, f"{key}.data_files")
         builder = FORMATS[PurePosixPath(files[0]).suffix]
@@ -51,6 +52,11 @@ def load_rows(key: str, source: DictConfig):
     try:
         rows = load()
     except Exception as e:  # network, a missing file, a malformed file
+        for file in files:
+            bad_line = first_bad_line(file)
+            if bad_line:
+                raise DataError(f"cannot load {file}: {bad_line}; correct it, or leave it out of {key}.data_files") \
+                    from e
         reason = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
         raise DataError(f"cannot load {where} ({type(e).__name__}: {reason}); set {key}.data_files to a local copy "
                         "or check the connection") from e

@@ -20,8 +20,10 @@ is given (they are then never trained on), else the last file, as for ClimbMix.
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
+import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -217,8 +219,58 @@ def _read_file(corpus: StreamedCorpus, file: str, mine: Callable[[], bool]) -> I
     except DataError:
         raise
     except Exception as e:  # any failure to open or read: network, permissions, a corrupt file
+        bad_line = first_bad_line(file)
+        if bad_line:
+            raise DataError(f"cannot read {file}: {bad_line}; {corpus.fix}") from e
         reason = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
         raise DataError(f"cannot read {file} ({type(e).__name__}: {reason}); {corpus.fix}") from e
+
+
+def first_bad_line(file: str) -> str | None:
+    """The first line of a .jsonl/.json or .txt file that cannot be read, numbered as an editor numbers it ("line 18
+    is not valid JSON (...)"): the readers' own messages count rows from 0 within a 10 MB chunk. None where no line
+    is at fault, for parquet, or where the file cannot be read again."""
+    import fsspec
+
+    if FORMATS[PurePosixPath(file).suffix] == "parquet":
+        return None
+    json_lines = FORMATS[PurePosixPath(file).suffix] == "json"
+    try:
+        with fsspec.open(file, "rb") as f:
+            for number, line in enumerate(f, 1):
+                line = line.removeprefix(codecs.BOM_UTF8) if number == 1 else line
+                if json_lines and number == 1 and line.lstrip().startswith(b"["):  # a .json array, not JSON lines
+                    return json_array_problem(line + f.read())
+                problem = line_problem(line, json_lines)
+                if problem:
+                    return f"line {number} {problem}"
+    except OSError:
+        return None
+    return None
+
+
+def line_problem(line: bytes, json_lines: bool) -> str | None:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"is not UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start + 1} of the line)"
+    if not json_lines or not text.strip():
+        return None
+    try:
+        value = json.loads(text.rstrip("\r\n"))  # the line end would be "an invalid control character" in a string
+    except json.JSONDecodeError as e:
+        return f"is not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno})"
+    return None if isinstance(value, dict) else "is not a JSON object"
+
+
+def json_array_problem(data: bytes) -> str | None:
+    try:
+        json.loads(data)
+    except json.JSONDecodeError as e:
+        return f"line {e.lineno} is not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno})"
+    except ValueError:  # not UTF-8, which datasets' reader of JSON arrays accepts: not the cause
+        pass
+    return None
 
 
 def _parquet_row_groups(corpus: StreamedCorpus, file: str, mine: Callable[[], bool]) -> Iterator[list[str]]:

@@ -12,28 +12,30 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from xsa_exp import run_dir as rd
 from xsa_exp.training.metrics_log import UpdateClock
+from xsa_exp.write_failures import writing
 
 
 class RunDirCheckpointIO(TorchCheckpointIO):
     """Every checkpoint written beside its final name, synced, then renamed into place: a kill or a full disk
     leaves the earlier checkpoints and no half-written one. (Lightning's own save stages the file in the system's
-    temporary folder, often a small node-local disk on a cluster, and across file systems its move is a copy.)"""
+    temporary folder, often a small node-local disk on a cluster, and across file systems its move is a copy.)
+    torch.save writes into a file we open, not to a path: its own file would stay open, holding the space of the
+    deleted part, until the exception is gone, and it reports a full disk without the OSError."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_name(path.name + ".partial")
-        try:
-            torch.save(checkpoint, staging)
-            descriptor = os.open(staging, os.O_RDONLY)
+        with writing(path):
+            path.parent.mkdir(exist_ok=True)  # not its parents: a run directory that is gone is not made again
             try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
-            os.replace(staging, path)
-        except BaseException:
-            staging.unlink(missing_ok=True)
-            raise
+                with open(staging, "wb") as f:
+                    torch.save(checkpoint, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(staging, path)
+            except BaseException:
+                staging.unlink(missing_ok=True)
+                raise
 
 
 class PeriodicCheckpoint(ModelCheckpoint):

@@ -12,14 +12,24 @@ import math
 import time
 
 import lightning as L
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from xsa_exp.cluster import peak_memory_gb, synchronized_time
+from xsa_exp.write_failures import writing
 
 
 def log_row(trainer: L.Trainer, metrics: dict[str, float], step: int, tokens_per_step: int) -> None:
     for logger in trainer.loggers:
         logger.log_metrics({**metrics, "tokens_seen": step * tokens_per_step}, step=step)
+
+
+class RunCSVLogger(CSVLogger):
+    """Lightning's CSVLogger, naming metrics.csv when a write of it fails (see write_failures.py)."""
+
+    def save(self) -> None:
+        with writing(self.experiment.metrics_file_path):
+            super().save()
 
 
 class BiasCorrectedEMA:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -35,11 +33,14 @@ from xsa_exp.memory import memory_warning
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.optim.schedule import check_schedule
 from xsa_exp.run_dir import LoadedRun, RunError, load_trained
+from xsa_exp.run_lock import LockLost
 from xsa_exp.training.checkpoints import PeriodicCheckpoint, RunDirCheckpointIO, remove_untracked_step_checkpoints
 from xsa_exp.training.evaluations import AttentionDiagnostics, CoreEvaluation, ValidationBPB
-from xsa_exp.training.metrics_log import HostSync, TrainMetrics, UpdateClock
+from xsa_exp.training.metrics_log import HostSync, RunCSVLogger, TrainMetrics, UpdateClock
 from xsa_exp.training.module import LanguageModel
 from xsa_exp.training.preemption import PreemptionCheckpoint
+from xsa_exp.training.sole_writer import LockCheck, RunDirWriter
+from xsa_exp.write_failures import write_failure
 
 
 def cpu_has_native_bf16() -> bool:
@@ -86,7 +87,7 @@ def warn_if_it_will_not_fit(model: GPT, cfg: DictConfig) -> None:
 
 
 def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict, wandb_id: str | None) -> list:
-    loggers = [CSVLogger(save_dir=str(run_dir), name="", version="")]
+    loggers = [RunCSVLogger(save_dir=str(run_dir), name="", version="")]
     if cfg.logger.wandb is not None:
         w = cfg.logger.wandb
         offline = wandb_offline()
@@ -123,11 +124,16 @@ def print_start(model: GPT, cfg: DictConfig, run: dict, transfer: Transfer | Non
 
 def train(cfg: DictConfig, run_dir: Path) -> Path:
     """Train one model as configured; returns the run directory. The config is taken as checked: the preflight
-    (xsa_exp/config/preflight.py) validates every run of a command line, each sweep job included, before any starts."""
+    (xsa_exp/config/preflight.py) validates every run of a command line, each sweep job included, before any starts.
+    The run holds the run directory's lock from before its first write to its end (training/sole_writer.py)."""
     quiet_libraries()
     export_submitit_local_ranks()
     run_dir = Path(run_dir).resolve()
-    check_writable(run_dir)
+    with RunDirWriter(run_dir) as writer:
+        return train_as_writer(cfg, run_dir, writer)
+
+
+def train_as_writer(cfg: DictConfig, run_dir: Path, writer: RunDirWriter) -> Path:
     completed, resume_from = previous_attempt(cfg, run_dir)
     if completed:
         rank_zero_info(f"run {run_dir} is already complete; nothing to do")
@@ -160,11 +166,12 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
                            OmegaConf.to_container(cfg, resolve=True), cfg.train.skip_nonfinite_steps,
                            compile_forward=cfg.train.compile)
     loggers = build_loggers(cfg, run_dir, arm, run.get("wandb_id"))
-    callbacks = build_callbacks(cfg, run_dir, model)
+    callbacks = build_callbacks(cfg, run_dir, model, writer)
     trainer = build_trainer(cfg, run, loggers, callbacks)
     if resume_from is not None:
         restore_csv_rows(loggers[0], run_dir, resume_from)
     fit(trainer, module, datamodule, resume_from, run_dir)
+    writer.agree(trainer)  # before the writes that end the run
     preemption = next(c for c in callbacks if isinstance(c, PreemptionCheckpoint))
     if trainer.interrupted or preemption.stopped_at is not None:
         save_status(run_dir, "interrupted", trainer.global_step)
@@ -247,14 +254,12 @@ def fit(trainer: L.Trainer, module: LanguageModel, datamodule: TextDataModule, r
         exit_code = 0
     except BaseException as e:
         # Recorded so that a sweep's report lists this job as failed instead of reading a partial log as a result;
-        # an exit (a launcher's requeue before training started) or Ctrl-C leaves it resumable, as interrupted.
-        status = "interrupted" if isinstance(e, (SystemExit, KeyboardInterrupt)) else "failed"
-        with contextlib.suppress(OSError):  # a full disk may refuse this too
-            save_status(run_dir, status, trainer.global_step, f"{type(e).__name__}: {e}")
-        if isinstance(e, OSError):
-            raise RuntimeError(f"cannot write to run directory {run_dir} at step {trainer.global_step} "
-                               f"({e.strerror or e}); completed checkpoints are intact — free space or fix "
-                               "permissions, then rerun with resume=auto") from e
+        # an exit (a launcher's requeue before training started) or Ctrl-C leaves it resumable, as interrupted. A failed
+        # write is recorded with its one line by RunDirWriter; after a lost lock the directory is not ours to write.
+        if not isinstance(e, LockLost) and write_failure(e, run_dir) is None:
+            status = "interrupted" if isinstance(e, (SystemExit, KeyboardInterrupt)) else "failed"
+            with contextlib.suppress(OSError):  # a full disk may refuse this too
+                save_status(run_dir, status, trainer.global_step, f"{type(e).__name__}: {e}")
         raise
     finally:
         # A sweep's next job in this process (Hydra's basic launcher, a joblib worker) would otherwise log into this
@@ -277,11 +282,12 @@ def load_base_run(cfg: DictConfig, model: GPT) -> LoadedRun | None:
     return base
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT) -> list[L.Callback]:
-    """Train metrics first, so each step's train row precedes its evaluation rows; the update clock last, so the
-    next update's time starts after all of them (Lightning runs the periodic checkpoint after every callback, so
-    it is taken after every row of its step is logged, and restarts the clock itself). Every step with a console
-    line, an evaluation or a checkpoint is a host-sync step; the updates between them never wait for the device."""
+def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT, writer: RunDirWriter) -> list[L.Callback]:
+    """The lock check first, before any callback writes; train metrics next, so each step's train row precedes its
+    evaluation rows; the update clock last, so the next update's time starts after all of them (Lightning runs the
+    periodic checkpoint after every callback, so it is taken after every row of its step is logged, and restarts the
+    clock itself). Every step with a console line, an evaluation or a checkpoint is a host-sync step; the updates
+    between them never wait for the device."""
     tokens = batch_tokens(cfg)
     e = cfg.eval
     bundle = (require_bundle(e.bundle_dir, f"eval.core_every={e.core_every}", "use eval.core_every=0")
@@ -290,7 +296,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT) -> list[L.Callba
     clock = UpdateClock(sync)
     peak = device_peak_flops(torch.device("cuda" if accelerator_is_cuda(cfg.trainer) else "cpu"), cfg.train.peak_flops)
     metrics = TrainMetrics(tokens, cfg.log.ema_beta, cfg.log.print_every, clock, model.flops_per_token(), peak)
-    callbacks = [metrics,
+    callbacks = [LockCheck(writer, sync), metrics,
                  ValidationBPB(e.every, e.val_tokens, tokens),
                  AttentionDiagnostics(e.diag_every, tokens, e.diag_rows, run_dir),
                  CoreEvaluation(e.core_every, tokens, bundle, e.core_max_per_task)]
@@ -298,16 +304,6 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT) -> list[L.Callba
         callbacks.append(PeriodicCheckpoint(run_dir, cfg.train.checkpoint_every, cfg.train.keep_checkpoints, clock))
     callbacks += [PreemptionCheckpoint(run_dir, metrics, cfg.train.checkpoint_every), clock]
     return callbacks
-
-
-def check_writable(run_dir: Path) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=run_dir):
-            pass
-    except OSError as e:
-        raise ConfigError(f"run directory {run_dir} is not writable ({e.strerror or e}); "
-                          "choose another hydra.run.dir") from None
 
 
 def check_same_config(run_dir: Path, cfg: DictConfig) -> None:
@@ -351,4 +347,4 @@ def save_status(run_dir: Path, status: str, step: int, error: str | None = None)
 @rank_zero_only
 def save_tokenizer(run_dir: Path, datamodule: TextDataModule) -> None:
     """Copy the tokenizer next to the checkpoint, so the run stays usable after the cache is cleared."""
-    shutil.copytree(datamodule.tokenizer_dir, run_dir / rd.TOKENIZER, dirs_exist_ok=True)
+    rd.copy_tokenizer(datamodule.tokenizer_dir, run_dir)
