@@ -54,7 +54,9 @@ def check_run(entry: str, cfg: DictConfig) -> None:
     """One run's config (with its hydra node): the overrides Hydra accepts but that would do nothing, then every
     value. Hydra's record of the run is set first, as Hydra sets it for a job: the group choices (depth_name, ...)
     are `${hydra:runtime.choices...}`."""
-    HydraConfig.instance().set_config(copy.deepcopy(cfg))  # set_config makes the node it keeps read-only
+    choices = cfg.hydra.runtime.choices
+    if not HydraConfig.initialized() or HydraConfig.get().runtime.choices != choices:  # a sweep's jobs share them
+        HydraConfig.instance().set_config(copy.deepcopy(cfg))  # set_config makes the node it keeps read-only
     check_empty_dict_overrides(as_written(cfg.hydra.overrides.task), cfg)
     (validate if entry == "train" else validate_evaluate)(cfg)
 
@@ -204,11 +206,10 @@ def check_sweep_directory(runs: list[DictConfig]) -> None:
     for num, cfg in enumerate(runs):
         if cfg.resume == "auto":
             continue  # each job continues the run it finds, or skips it if complete
-        job = cfg.copy()  # the whole config: a subdir may name the job's keys (a${xsa.alpha}_s${seed})
-        with open_dict(job):
-            job.hydra.job.num = num  # Hydra numbers a sweep's jobs in the order the basic sweeper makes them
+        with open_dict(cfg):  # the job's own config, composed for this check: a subdir may name its keys
+            cfg.hydra.job.num = num  # Hydra numbers a sweep's jobs in the order the basic sweeper makes them
         try:  # resolved once: a ${now:...} in the directory would give another name each time
-            sweep_dir, subdir = job.hydra.sweep.dir, str(job.hydra.sweep.subdir)
+            sweep_dir, subdir = cfg.hydra.sweep.dir, str(cfg.hydra.sweep.subdir)
         except OmegaConfBaseException:
             return  # a directory resolved only inside the job (Hydra's runtime resolvers); the job checks it
         job_dir = Path(sweep_dir) / subdir
