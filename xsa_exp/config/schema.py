@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-PRECISIONS = ("auto", "32-true", "32", "64-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
+PRECISIONS = ("auto", "32-true", "32", "64-true", "bf16-compute", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 
 
 def key(default=DC_MISSING, help: str = "", *, factory=None, **checks):
@@ -236,8 +236,9 @@ class TrainerConfig:
     # Any: a device count or "auto" (also -1: all); checked in validate().
     devices: Any = key(1, "devices per node", accepts="an integer >= 1, auto or -1 (all)")
     num_nodes: int = key(1, "nodes", ge=1)
-    precision: str = key("auto", "auto = bf16-mixed on CUDA and on native-bf16 CPUs from n_embd 768, else 32-true",
-                         choices=PRECISIONS)
+    precision: str = key("auto", "bf16-compute: nanochat's bf16 (bf16 embeddings and activations, fp32 master "
+                                 "matrices cast in each matmul, no autocast); auto = bf16-compute on CUDA, bf16-mixed "
+                                 "on native-bf16 CPUs from n_embd 768, else 32-true", choices=PRECISIONS)
     strategy: str = key("auto", "Lightning strategy",
                         choices=("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "single_device"),
                         hint="fsdp and deepspeed hand the optimizer flat shards, while Muon needs whole matrices "
@@ -349,7 +350,8 @@ class EvaluateEvalConfig:
                                           "~/.cache/xsa-exp/eval_bundle")
     val_tokens: Optional[int] = key(None, "null: the run's eval.val_tokens", ge=1)
     precision: Optional[str] = key(None, "null: the precision the run trained with",
-                                   choices=(None, "32-true", "32", "64-true", "bf16-mixed", "16-mixed"))
+                                   choices=(None, "32-true", "32", "64-true", "bf16-compute", "bf16-mixed",
+                                            "16-mixed"))
     diag_rows: Optional[int] = key(None, "null: the run's eval.diag_rows", ge=1)
     core_max_per_task: Optional[int] = key(None, "null: every example (the published protocol)", ge=1)
     chatcore: ChatCoreConfig = field(default_factory=ChatCoreConfig)
