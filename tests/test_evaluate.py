@@ -45,8 +45,10 @@ def test_bpb_equals_the_training_log_for_the_same_checkpoint(run_dir):
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-compute"])
 def test_full_split_bpb_equals_the_training_log_in_the_run_precision(tmp_path, precision):
+    fused = precision == "bf16-compute"  # as the GPU presets run it, through the fused loss head
     trained = train(compose_config(*SMALL, "eval.val_tokens=null", "train.max_steps=2", "eval.every=2",
-                                   f"trainer.precision={precision}"), tmp_path / "run")
+                                   f"trainer.precision={precision}", f"model.fused_loss_head={fused}"),
+                    tmp_path / "run")
     summary = json.loads((evaluate(eval_cfg(trained, "eval.metrics=[bpb]", "eval.val_tokens=100000000")) /
                           "summary.json").read_text())
     assert summary["precision"] == precision and summary["val_scope"]["whole"]

@@ -38,7 +38,7 @@ def command(run_dir, *extra):
 
 
 @pytest.mark.parametrize("switches", [["trainer.precision=32-true"], ["trainer.precision=bf16-mixed"],
-                                      ["trainer.precision=bf16-compute"]])
+                                      ["trainer.precision=bf16-compute", "model.fused_loss_head=true"]])
 def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg, switches):
     reference = train(small_cfg("train.max_steps=9", "train.checkpoint_every=3", "eval.every=2", "eval.diag_every=4",
                                 *switches), tmp_path / "reference")

@@ -219,7 +219,7 @@ def test_non_finite_steps_can_be_skipped_up_to_a_limit(small_cfg, tmp_path, monk
 
 
 @pytest.mark.parametrize("switches", [["trainer.precision=bf16-mixed"],
-                                      ["trainer.precision=bf16-compute"]])
+                                      ["trainer.precision=bf16-compute", "model.fused_loss_head=true"]])
 def test_bf16_on_cpu_lowers_the_loss_and_keeps_xsa_orthogonal(small_cfg, tmp_path, switches):
     run_dir = train(small_cfg(*switches, "train.max_steps=30", "eval.every=30", "eval.diag_every=10",
                               "optim.muon.momentum_warmup_steps=10"), tmp_path / "run")

@@ -77,6 +77,9 @@ class ModelConfig:
     x0_lambda_init: List[float] = key(help="x0_lambda at the first and the last layer, linear in between",
                                       factory=lambda: [0.1, 0.1])
     ve_gate_init: float = key(0.0, "value-embedding gate weights ~ U(0, ve_gate_init); 0 = zeros", ge=0)
+    fused_loss_head: bool = key(False, "lm_head, soft-cap and cross-entropy a chunk of tokens at a time (on CUDA "
+                                       "outside the compiled forward: Liger-Kernel's fused kernel where installed), "
+                                       "so the full logits never exist; the unfused head's loss to fp32 rounding")
 
 
 @dataclass

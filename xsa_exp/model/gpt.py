@@ -23,6 +23,7 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from xsa_exp.config.schema import ModelConfig
 from xsa_exp.model.layout import SMEAR_GATE_CHANNELS, value_embedding_layers
+from xsa_exp.model.loss_head import linear_cross_entropy
 from xsa_exp.model.xsa_op import exclusive_self_attention, initial_theta, learnable_alpha
 from xsa_exp.model.xsa_settings import XSASettings
 
@@ -398,7 +399,8 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_reduction: str = "mean",
                 kv_cache: KVCache | None = None):
-        """Logits (B, T, V) in fp32, or the cross-entropy against targets (-1 = ignore).
+        """Logits (B, T, V) in fp32, or the cross-entropy against targets (-1 = ignore); with model.fused_loss_head,
+        the cross-entropy without the logits (xsa_exp/model/loss_head.py).
 
         With kv_cache, idx continues the cached sequence (positions start at kv_cache.pos)."""
         start = kv_cache.pos if kv_cache is not None else 0
@@ -422,7 +424,11 @@ class GPT(nn.Module):
             x = x - self.backout_lambda.to(x.dtype) * x_backout
         if kv_cache is not None:
             kv_cache.pos = end
-        logits = self.lm_head(norm(x)).float()
+        x = norm(x)
+        if targets is not None and self.config.fused_loss_head:
+            return linear_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.reshape(-1),
+                                        self.config.logit_softcap, loss_reduction)
+        logits = self.lm_head(x).float()
         if self.config.logit_softcap:
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)
