@@ -273,7 +273,8 @@ class TrainLoopConfig:
                                   gt=0)
     grad_clip: float = key(0.0, "max global grad norm; 0 = off", ge=0)
     skip_nonfinite_steps: int = key(0, "non-finite updates skipped before the run stops; 0 = stop at the first", ge=0)
-    compile: bool = key(False, "torch.compile the training forward (evaluations run eager)")
+    compile: bool = key(False, "torch.compile the training forward as one graph (fullgraph: a graph break is an "
+                               "error); evaluations run eager")
     cpu_threads: Optional[int] = key(None, "torch threads on CPU; null = torch's default (one per core); fp32 sums, "
                                      "and so results, depend on it", ge=1)
     peak_flops: Optional[float] = key(None, "one device's peak FLOP/s, for train/mfu; null = by CUDA device name "
