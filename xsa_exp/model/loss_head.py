@@ -97,12 +97,15 @@ def chunked_losses_and_gradients(x: torch.Tensor, weight: torch.Tensor, targets:
 
 
 def add_product(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """total + a @ b, total in fp32. On CUDA, bf16 a and b go through one matmul that sums into fp32 (Liger-Kernel's
-    addmm): a bf16 product cast and added instead lets inductor fuse the chunks' additions into one kernel that needs
-    every chunk's product at once (32 x 50 MB at d12; measured on a CPU, where out_dtype has no kernel)."""
-    if a.is_cuda and a.dtype != torch.float32:
+    """total + a @ b, summed into fp32 total in place. A bf16 product cast and added instead would let inductor fuse
+    every chunk's addition into one kernel that holds all the chunks' products at once (32 x 50 MB at d12; seen on a
+    CPU). So bf16 a and b go through one matmul that sums into fp32: on CUDA Liger-Kernel's addmm with out_dtype,
+    elsewhere (no kernel for it) a matmul of their fp32 copies."""
+    if a.dtype == torch.float32:
+        return total.addmm_(a, b)
+    if a.is_cuda:
         return torch.addmm(total, a, b, out_dtype=torch.float32)
-    return total + (a @ b).float()
+    return total.addmm_(a.float(), b.float())
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
