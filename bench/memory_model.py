@@ -12,7 +12,10 @@ compilation done), the process's peak resident set is reset (/proc/self/clear_re
 sequence (2,048 tokens) runs: the rise of the peak over the resident set before it is that step's
 transient memory (saved activations, logits, temporaries), with glibc returning every freed block of
 64 KiB or more to the system, so that the resident set is the live tensors' (as CUDA's max allocated).
-Two layer counts separate a per-layer part from a fixed one (embeddings, logits, loss), both per token.
+Two layer counts separate a per-layer part from a fixed one (embeddings, logits, loss), both per token. With
+--fused-loss-head the head's part that does not grow with the tokens (its weight gradient's fp32 sum and bf16 copy,
+about 0.25 GB at d12) is counted per token of the one sequence measured, so the predicted peak overstates it by the
+micro-batch's sequences (bench/loss_head.py measures the head at two token counts; BENCHMARKS.md corrects for it).
 
 Predicted peak of a preset on a GPU = 4 bytes x (weights + grads) + Muon's momentum (4 bytes per
 hidden-matrix weight) + AdamW's two moments (8 bytes per other weight) + tokens per micro-batch x
