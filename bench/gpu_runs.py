@@ -3,23 +3,30 @@ eager and compiled, and the exactness checks on the device. Part of `bash bench/
 
     python bench/gpu_runs.py --out gpu_runs.json            # on a CUDA machine
     python bench/gpu_runs.py --smoke --out smoke.json       # the same plumbing at tiny shapes, on any device
+    python bench/gpu_runs.py --runs d12_compiled --precision bf16-mixed --fused-loss-head false   # the old setting
 
 1. One `python train.py` per (preset, mode), one arm (alpha = 1), the study's stack (stack=nanochat_2604:
-   sliding windows through FlexAttention; no lr warmup, which is longer than these runs), the preset's
+   sliding windows through FlexAttention; no lr warmup, which is longer than these runs), the presets' precision
+   and loss head (trainer.precision=bf16-compute, model.fused_loss_head=true; --precision and --fused-loss-head
+   set others), the preset's
    micro-batch and global batch, `--steps` updates, on a parquet corpus written here (documents of random words,
    so a 32,768-token BPE can be learned; the text does not matter for speed), a console line (a host sync) every
    4 updates.
    From each run's metrics.csv: the median train/tokens_per_sec, train/mfu and the peak
    train/peak_memory_gb over the updates after the first 4 (compilation, warm-up), the mean time of those
    first 4, the recompilations torch logs (TORCH_LOGS=recompiles) and the peak memory xsa_exp/memory.py
-   predicts. A run that fails (out of memory, say) is recorded with its last error line.
+   predicts (its figures are bf16-mixed's with the unfused head: BENCHMARKS.md predicts the presets' settings
+   apart). A run that fails (out of memory, say) is recorded with its last error line.
 2. On the device: the XSA op at alpha = 0 returns y bit for bit (bf16) and a model at alpha = 0 gives
-   standard attention's logits bit for bit under bf16 autocast; alpha = 1 makes z_i orthogonal to v_i under
-   bf16 autocast (the largest |cos(z_i, v_i)| of any token, layer and head, measured on the op's own outputs
-   in the model's forward); windowed attention (FlexAttention with the training forward's block mask on CUDA)
-   against SDPA with the same mask (max |difference|, bf16, GQA); greedy KV-cached generation equals full
-   recomputation in fp32; and a compiled bf16 training run whose updates between host-sync steps run under
-   torch.cuda.set_sync_debug_mode("warn"): the synchronizing CUDA calls they make (0 expected).
+   standard attention's logits bit for bit under bf16 autocast and under bf16-compute; alpha = 1 makes z_i
+   orthogonal to v_i in both (the largest |cos(z_i, v_i)| of any token, layer and head, measured on the op's own
+   outputs in the model's forward); windowed attention (FlexAttention with the training forward's block mask on
+   CUDA) against SDPA with the same mask (max |difference|, bf16, GQA); the fused loss head's chunks (as in the
+   compiled forward) and Liger-Kernel's kernel (where installed) against the unfused head, loss and gradients from
+   bf16 hidden states (the largest relative difference); greedy KV-cached generation equals full
+   recomputation in fp32; and a compiled training run in the presets' precision and loss head whose updates
+   between host-sync steps run under torch.cuda.set_sync_debug_mode("warn"): the synchronizing CUDA calls they
+   make (0 expected).
 The parts run in that order of importance (checks; compiled runs, the presets' default; eager runs; the sync
 count) within --budget-s: a part that would start past it is recorded as skipped, a run is stopped at it, and
 the JSON file is rewritten after every part, so a time limit keeps what finished. Prints a table for
@@ -52,6 +59,8 @@ from xsa_exp.generate import generate
 from xsa_exp.memory import predicted_peak_bytes
 from xsa_exp.model import GPT, GPTConfig, XSASettings, exclusive_self_attention, gpt
 from xsa_exp.model.gpt import causal_attention, window_block_mask, window_mask
+from xsa_exp.model.loss_head import ChunkedLinearCrossEntropy, liger_fused_linear_cross_entropy, linear_cross_entropy
+from xsa_exp.precision import prepare
 from xsa_exp.training.metrics_log import HostSync
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,12 +121,13 @@ def exactness_checks(device: str, smoke: bool) -> dict:
     shape = dict(sequence_len=128, vocab_size=1024, n_layer=2, n_head=2, n_embd=128) if smoke else \
         dict(sequence_len=2048, vocab_size=32768, n_layer=4, n_head=12, n_embd=768)
 
-    def model(**xsa) -> GPT:
+    def model(precision: str = "32-true", **xsa) -> GPT:
         torch.manual_seed(0)
         m = GPT(GPTConfig(**shape, xsa=XSASettings(**xsa))).to(device)
         with torch.no_grad():  # non-zero projections, so XSA matters
             for p in m.parameters():
                 p.add_(0.02 * torch.randn_like(p))
+        prepare(m, precision)
         return m.eval()
 
     idx = torch.randint(0, shape["vocab_size"], (2, shape["sequence_len"]), device=device)
@@ -132,15 +142,48 @@ def exactness_checks(device: str, smoke: bool) -> dict:
     block_mask = window_block_mask(T, window, q.device) if device == "cuda" else None  # the training forward's
     checks["window_attention_max_abs_diff_from_masked_sdpa_bf16"] = float(
         (causal_attention(q, k, v, window, block_mask) - dense).abs().max())
+    checks.update(loss_head_differences(device, shape["n_embd"], shape["vocab_size"]))
     all_layers = list(range(shape["n_layer"]))
     with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
         checks["alpha0_model_equals_standard_attention_bf16"] = bool(
             torch.equal(model(alpha=0.0, layers=all_layers)(idx), model(layers=[])(idx)))
         checks["alpha1_max_abs_cos_z_v_bf16"] = largest_cos_z_v(model(alpha=1.0, layers=all_layers), idx)
+    with torch.no_grad():
+        checks["alpha0_model_equals_standard_attention_bf16_compute"] = bool(torch.equal(
+            model("bf16-compute", alpha=0.0, layers=all_layers)(idx), model("bf16-compute", layers=[])(idx)))
+        checks["alpha1_max_abs_cos_z_v_bf16_compute"] = largest_cos_z_v(
+            model("bf16-compute", alpha=1.0, layers=all_layers), idx)
     small = model(alpha=1.0, layers=all_layers)
     prompt = idx[0, :16].tolist()
     checks["kv_cache_greedy_equals_recomputation_fp32"] = \
         generate(small, prompt, 32, num_samples=2) == generate(small, prompt, 32, num_samples=2, use_cache=False)
+    return checks
+
+
+def loss_head_differences(device: str, width: int, vocab: int) -> dict:
+    """The largest relative difference of loss, hidden-state and weight gradients from the unfused head's, for the
+    chunked head and (installed, on CUDA) Liger-Kernel's, from bf16 hidden states and an fp32 weight."""
+    torch.manual_seed(0)
+    x = torch.randn(8192, width, device=device, dtype=torch.bfloat16, requires_grad=True)
+    weight = (0.02 * torch.randn(vocab, width, device=device)).requires_grad_()
+    targets = torch.randint(0, vocab, (8192,), device=device)
+    targets[::16] = -1
+
+    def unfused(x, weight, targets):
+        logits = 15.0 * torch.tanh((x @ weight.to(x.dtype).T).float() / 15.0)
+        return F.cross_entropy(logits, targets, ignore_index=-1)
+
+    heads = {"chunked": lambda *a: ChunkedLinearCrossEntropy.apply(*a, 15.0, "mean")}
+    if device == "cuda" and liger_fused_linear_cross_entropy() is not None:
+        heads["liger"] = lambda *a: linear_cross_entropy(*a, 15.0)
+    loss = unfused(x, weight, targets)
+    reference = (loss, *torch.autograd.grad(loss, (x, weight)))
+    checks = {}
+    for name, head in heads.items():
+        loss = head(x, weight, targets)
+        ours = (loss, *torch.autograd.grad(loss, (x, weight)))
+        checks[f"loss_head_{name}_max_rel_diff_bf16"] = max(
+            float((a.float() - b.float()).abs().max() / b.float().abs().max()) for a, b in zip(ours, reference))
     return checks
 
 
@@ -163,8 +206,8 @@ def largest_cos_z_v(model: GPT, idx: torch.Tensor) -> float:
     return max(worst)
 
 
-def synchronizing_calls_between_host_syncs(smoke: bool) -> dict | str:
-    """Synchronizing CUDA calls made by the updates that are not host-sync steps of a short compiled bf16 run, and
+def synchronizing_calls_between_host_syncs(smoke: bool, settings: list[str]) -> dict | str:
+    """Synchronizing CUDA calls made by the updates that are not host-sync steps of a short compiled run, and
     the Python lines that made them, each with its count (on a machine without CUDA the same run, to test the
     plumbing, with nothing to count)."""
     import lightning as L
@@ -185,7 +228,7 @@ def synchronizing_calls_between_host_syncs(smoke: bool) -> dict | str:
     real_build = training.build_callbacks
     training.build_callbacks = lambda *a: real_build(*a) + [SyncDebug()]
     cfg = compose_cfg(["depth=tiny", f"trainer={'gpu' if cuda else 'cpu'}", "train.compile=true",
-                       "trainer.precision=bf16-mixed", "train.max_steps=12", f"log.print_every={WARMUP}",
+                       *settings, "train.max_steps=12", f"log.print_every={WARMUP}",
                        "eval.every=0", "eval.diag_every=0", "logger=csv", *(SMOKE if smoke else [])])
     try:
         with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(record=True) as caught:
@@ -212,7 +255,12 @@ def main() -> None:
     runs_named = [f"{preset}_{mode}" for mode in ("compiled", "eager") for preset in PRESETS]
     parser.add_argument("--runs", nargs="*", choices=runs_named, default=runs_named,
                         help="the throughput runs, in this order (default: all; none: only the checks)")
+    parser.add_argument("--precision", choices=["bf16-compute", "bf16-mixed"], default="bf16-compute",
+                        help="trainer.precision of the training runs (default: the presets')")
+    parser.add_argument("--fused-loss-head", choices=["true", "false"], default="true",
+                        help="model.fused_loss_head of the training runs (default: the presets')")
     args = parser.parse_args()
+    settings = [f"trainer.precision={args.precision}", f"model.fused_loss_head={args.fused_loss_head}"]
     started = time.monotonic()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device != "cuda" and not args.smoke:
@@ -221,7 +269,8 @@ def main() -> None:
     capacity = torch.cuda.get_device_properties(0).total_memory / 1e9 if device == "cuda" else None
     runs = []
     figures = {"date": str(date.today()), "device": name, "memory_gb": capacity, "torch": torch.__version__,
-               "cuda": torch.version.cuda, "smoke": args.smoke, "budget_s": args.budget_s, "runs": runs,
+               "cuda": torch.version.cuda, "smoke": args.smoke, "budget_s": args.budget_s, "settings": settings,
+               "runs": runs,
                "checks": exactness_checks(device, args.smoke)}
     args.out.write_text(json.dumps(figures, indent=1))
 
@@ -241,7 +290,7 @@ def main() -> None:
             if left() - SYNC_RUN_S < 30:
                 runs.append({"run": run, "compiled": compiled, "skipped": "out of the time budget"})
                 continue
-            shape = [f"depth={preset}", *data, *(SMOKE if args.smoke else [])]
+            shape = [f"depth={preset}", *data, *settings, *(SMOKE if args.smoke else [])]
             runs.append(throughput_run(run, shape, compiled, workdir, args.steps, left() - SYNC_RUN_S))
             args.out.write_text(json.dumps(figures, indent=1))
     if cache is None:
@@ -249,10 +298,10 @@ def main() -> None:
     else:
         os.environ["XSA_EXP_CACHE"] = cache
     figures["checks"]["synchronizing_cuda_calls_between_host_syncs"] = (  # its run is not bounded: start it in time
-        synchronizing_calls_between_host_syncs(args.smoke) if left() > SYNC_RUN_S / 2
+        synchronizing_calls_between_host_syncs(args.smoke, settings) if left() > SYNC_RUN_S / 2
         else "skipped: out of the time budget")
     args.out.write_text(json.dumps(figures, indent=1))
-    print(f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, {date.today()}")
+    print(f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, {date.today()}, {' '.join(settings)}")
     print(f"| run | micro-batch | tokens/s | MFU | peak GB (predicted) | first {WARMUP} updates s/update "
           "| steady update s | recompiles |")
     print("|---|---|---|---|---|---|---|---|")

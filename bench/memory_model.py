@@ -2,20 +2,26 @@
 peaks on 80 GB and 141 GB GPUs.
 
     python bench/memory_model.py [--out memory.json]
+    python bench/memory_model.py --precision bf16-compute --fused-loss-head --presets d12 --modes compiled
 
 Each measurement is one process: a GPT at the real width and heads of d12 (768, 12 heads) or d24 (1024,
-16 heads), sequence 2048, vocabulary 32,768, with 2 or 4 layers, MuonAdamW, bf16 autocast (the GPU's
-precision), eager or torch.compile. After two warm-up steps (weights, grads and optimizer state exist;
+16 heads), sequence 2048, vocabulary 32,768, with 2 or 4 layers, MuonAdamW, bf16 autocast (trainer.precision=
+bf16-mixed; --precision bf16-compute: the GPU presets' bf16 without autocast, with --fused-loss-head their loss
+head), eager or torch.compile. After two warm-up steps (weights, grads and optimizer state exist;
 compilation done), the process's peak resident set is reset (/proc/self/clear_refs) and one step of one
 sequence (2,048 tokens) runs: the rise of the peak over the resident set before it is that step's
 transient memory (saved activations, logits, temporaries), with glibc returning every freed block of
 64 KiB or more to the system, so that the resident set is the live tensors' (as CUDA's max allocated).
-Two layer counts separate a per-layer part from a fixed one (embeddings, logits, loss), both per token.
+Two layer counts separate a per-layer part from a fixed one (embeddings, logits, loss), both per token. With
+--fused-loss-head the head's part that does not grow with the tokens (its weight gradient's fp32 sum and bf16 copy,
+about 0.25 GB at d12) is counted per token of the one sequence measured, so the predicted peak overstates it by the
+micro-batch's sequences (bench/loss_head.py measures the head at two token counts; BENCHMARKS.md corrects for it).
 
 Predicted peak of a preset on a GPU = 4 bytes x (weights + grads) + Muon's momentum (4 bytes per
 hidden-matrix weight) + AdamW's two moments (8 bytes per other weight) + tokens per micro-batch x
-(fixed + layers x per-layer). A prediction: the CPU's SDPA (flash attention for bf16) and allocator
-stand in for CUDA's; the caching allocator's fragmentation is not modelled.
+(fixed + layers x per-layer); under bf16-compute the embeddings' weights, gradients and moments take half that.
+A prediction: the CPU's SDPA (flash attention for bf16) and allocator stand in for CUDA's; the caching allocator's
+fragmentation is not modelled.
 """
 
 from __future__ import annotations
@@ -29,19 +35,21 @@ from datetime import date
 from pathlib import Path
 
 from xsa_exp.memory import state_bytes
+from xsa_exp.precision import BF16_COMPUTE
 
 REPO = Path(__file__).resolve().parents[1]
 WIDTHS = {"d12": (768, 12), "d24": (1024, 16)}
 SEQ, VOCAB = 2048, 32768
 
 
-def measure(width: int, heads: int, layers: int, compiled: bool) -> int:
+def measure(width: int, heads: int, layers: int, compiled: bool, precision: str, fused: bool) -> int:
     """Transient bytes of one training step of one sequence, in a fresh process."""
     # glibc then serves every block from 64 KiB with its own mmap and returns it when freed, so the resident set
     # follows the live tensors (else freed activations stay in malloc's heap and hide the next step's peak).
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     result = subprocess.run([sys.executable, __file__, "--child", str(width), str(heads), str(layers),
-                             str(int(compiled))], cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+                             str(int(compiled)), precision, str(int(fused))], cwd=REPO, capture_output=True,
+                            text=True, timeout=1800, env=env)
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-2000:])
     return int(result.stdout.strip().splitlines()[-1])
@@ -54,27 +62,30 @@ def rss_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def child(width: int, heads: int, layers: int, compiled: bool) -> None:
+def child(width: int, heads: int, layers: int, compiled: bool, precision: str, fused: bool) -> None:
     import torch
     from hydra import compose, initialize_config_dir
 
     from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
     from xsa_exp.model import GPT, GPTConfig
     from xsa_exp.optim import MuonAdamW, build_param_groups
+    from xsa_exp.precision import prepare
 
     overrides = [f"model.n_embd={width}", f"model.n_head={heads}", f"model.n_layer={layers}",
-                 f"model.sequence_len={SEQ}", f"model.vocab_size={VOCAB}", "data=climbmix", "data.local_dir=/"]
+                 f"model.sequence_len={SEQ}", f"model.vocab_size={VOCAB}", "data=climbmix", "data.local_dir=/",
+                 f"model.fused_loss_head={fused}"]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     torch.manual_seed(0)
     model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
+    prepare(model, precision)
     optimizer = MuonAdamW(build_param_groups(model, cfg.optim))
-    forward = torch.compile(model.forward) if compiled else model.forward
+    forward = torch.compile(model.forward, fullgraph=True) if compiled else model.forward
     batch = torch.randint(0, VOCAB, (1, SEQ + 1))
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=False)  # grads stay allocated, as after the first step of a run
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision != BF16_COMPUTE):
             loss = forward(batch[:, :-1], batch[:, 1:])
         loss.backward()
         optimizer.step()
@@ -103,20 +114,30 @@ def preset_counts(depth: str) -> tuple[dict, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--child", nargs=4, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--precision", choices=["bf16-mixed", BF16_COMPUTE], default="bf16-mixed")
+    parser.add_argument("--fused-loss-head", action="store_true", help="model.fused_loss_head=true")
+    parser.add_argument("--presets", nargs="+", choices=list(WIDTHS), default=list(WIDTHS))
+    parser.add_argument("--modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
+    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(*args.child[:3], bool(args.child[3]))
+        width, heads, layers, compiled, precision, fused = args.child
+        child(int(width), int(heads), int(layers), bool(int(compiled)), precision, bool(int(fused)))
         return
-    figures = {"date": str(date.today()), "seq": SEQ, "vocab": VOCAB, "presets": {}}
+    figures = {"date": str(date.today()), "seq": SEQ, "vocab": VOCAB, "precision": args.precision,
+               "fused_loss_head": args.fused_loss_head, "presets": {}}
     print(f"{'preset':<6} {'mode':<9} {'fixed B/token':>13} {'per layer B/token':>17} {'state GB':>9} "
           f"{'micro-batch':>11} {'predicted peak GB':>17} {'fits 80 GB':>10} {'fits 141 GB':>11} "
           f"{'largest batch on 80 GB':>22}")
-    for depth, (width, heads) in WIDTHS.items():
+    for depth in args.presets:
+        width, heads = WIDTHS[depth]
         counts, preset = preset_counts(depth)
         state = state_bytes(counts, muon=True)
-        for compiled in (False, True):
-            two, four = (measure(width, heads, layers, compiled) for layers in (2, 4))
+        if args.precision == BF16_COMPUTE:  # the embeddings' weights, gradients and AdamW moments in bf16
+            state -= 8 * (VOCAB * width + counts["value embeddings"])
+        for compiled in (mode == "compiled" for mode in args.modes):
+            two, four = (measure(width, heads, layers, compiled, args.precision, args.fused_loss_head)
+                         for layers in (2, 4))
             per_layer = (four - two) / 2 / SEQ
             fixed = two / SEQ - 2 * per_layer
             per_token = fixed + preset["layers"] * per_layer

@@ -145,6 +145,17 @@ def test_precision_auto_on_cpu_follows_the_measured_rule(monkeypatch, native, wi
         "bf16-mixed", "trainer.precision")
 
 
+def test_precision_auto_on_cuda_is_bf16_compute_and_the_gpu_presets_set_it_with_the_fused_loss_head(monkeypatch):
+    from xsa_exp.training import run as training
+
+    monkeypatch.setattr(training.torch.cuda, "is_available", lambda: True)
+    assert training.resolve_precision(compose_config().trainer, 128) == ("bf16-compute", "auto: CUDA")
+    for preset in ("xsa_d12", "xsa_d24"):
+        cfg = compose_config(f"experiment={preset}")
+        assert cfg.trainer.precision == "bf16-compute" and cfg.model.fused_loss_head and cfg.train.compile
+    assert not compose_config("experiment=study_x0_path").model.fused_loss_head  # the CPU studies keep their bits
+
+
 def test_conf_composes_typed_with_the_plain_compose_api_in_a_fresh_process():
     """The schema reaches Hydra through hydra_plugins/xsa_exp_schema, not through an import of xsa_exp."""
     code = f"""

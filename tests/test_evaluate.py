@@ -43,15 +43,17 @@ def test_bpb_equals_the_training_log_for_the_same_checkpoint(run_dir):
     assert summary["metrics"]["val/bpb"] == pytest.approx(last_val_bpb(run_dir), rel=1e-9)
 
 
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-compute"])
 def test_full_split_bpb_equals_the_training_log_in_the_run_precision(tmp_path, precision):
+    fused = precision == "bf16-compute"  # as the GPU presets run it, through the fused loss head
     trained = train(compose_config(*SMALL, "eval.val_tokens=null", "train.max_steps=2", "eval.every=2",
-                                   f"trainer.precision={precision}"), tmp_path / "run")
+                                   f"trainer.precision={precision}", f"model.fused_loss_head={fused}"),
+                    tmp_path / "run")
     summary = json.loads((evaluate(eval_cfg(trained, "eval.metrics=[bpb]", "eval.val_tokens=100000000")) /
                           "summary.json").read_text())
     assert summary["precision"] == precision and summary["val_scope"]["whole"]
     assert summary["metrics"]["val/bpb"] == last_val_bpb(trained)  # exactly: same rows, batches and autocast
-    if precision == "bf16-mixed":  # evaluating it in fp32 is a different measurement
+    if precision != "32-true":  # evaluating it in fp32 is a different measurement
         fp32 = json.loads((evaluate(eval_cfg(trained, "eval.metrics=[bpb]", "eval.precision=32-true")) /
                            "summary.json").read_text())
         assert fp32["precision"] == "32-true" and fp32["metrics"]["val/bpb"] != last_val_bpb(trained)

@@ -37,12 +37,13 @@ def command(run_dir, *extra):
     return [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "resume=auto", *ARGS, *extra]
 
 
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg, precision):
+@pytest.mark.parametrize("switches", [["trainer.precision=32-true"], ["trainer.precision=bf16-mixed"],
+                                      ["trainer.precision=bf16-compute", "model.fused_loss_head=true"]])
+def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg, switches):
     reference = train(small_cfg("train.max_steps=9", "train.checkpoint_every=3", "eval.every=2", "eval.diag_every=4",
-                                f"trainer.precision={precision}"), tmp_path / "reference")
+                                *switches), tmp_path / "reference")
     run_dir = tmp_path / "killed"
-    process = subprocess.Popen(command(run_dir, f"trainer.precision={precision}"), cwd=REPO,
+    process = subprocess.Popen(command(run_dir, *switches), cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while (not (run_dir / "checkpoints" / "step000006.ckpt").exists() and process.poll() is None
@@ -51,7 +52,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg, precision):
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert not (run_dir / "checkpoints" / "final.ckpt").exists(), "the run finished before it could be killed"
-    resumed = subprocess.run(command(run_dir, f"trainer.precision={precision}"), cwd=REPO, capture_output=True,
+    resumed = subprocess.run(command(run_dir, *switches), cwd=REPO, capture_output=True,
                              text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr + resumed.stdout

@@ -130,6 +130,42 @@ def test_the_compiled_training_forward_has_one_graph_with_windows():
     assert sum("flex_attention" in str(op) for op in explained.ops_per_graph[0]) == 3  # the windowed layers
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("switches", [[], ["trainer.precision=bf16-compute", "model.fused_loss_head=true"]],
+                         ids=["fp32", "bf16-compute, fused loss head"])
+def test_the_compiled_training_forward_is_one_graph_without_recompiles_across_updates(switches):
+    """The training forward as LanguageModel compiles it (fullgraph: a break would raise), on the stack at a tiny
+    size (windows through masked SDPA on a CPU, value embeddings, smear, backout, XSA at alpha 1): one graph, forward
+    and backward, and no recompilation over several updates, in fp32 and in the GPU presets' precision and head."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from xsa_exp.precision import prepare
+    from xsa_exp.training.module import LanguageModel
+
+    cfg = compose_config("stack=nanochat_2604", "model.n_layer=2", "model.n_embd=32", "model.n_head=2",
+                         "model.sequence_len=256", "model.vocab_size=256", *switches)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
+    prepare(model, cfg.trainer.precision)
+    assert model.config.windows == [128, None] and model.config.ve_layers == [1]
+    torch._dynamo.reset()
+    counters.clear()
+    module = LanguageModel(model, cfg.optim, None, total_steps=10, compile_forward=True)
+    optimizer = MuonAdamW(build_param_groups(model, cfg.optim))
+    batch = torch.randint(0, 256, (2, 257))
+    losses = []
+    for _ in range(3):
+        loss = module.train_forward(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    # one graph traced, and one forward-and-backward compilation of it, across the three updates
+    assert counters["stats"]["unique_graphs"] == 1 and counters["aot_autograd"]["total"] == 1, dict(counters)
+    assert losses[-1] < losses[0]
+
+
 def test_under_bf16_autocast_every_layer_attends_over_bf16_values(monkeypatch):
     """The value-embedding layers too: mixed into v in fp32, the embedding would make v fp32 there (attention and
     XSA in fp32 in half the layers; on CUDA, a recompile of the compiled forward per dtype)."""

@@ -219,10 +219,16 @@ def test_non_finite_steps_can_be_skipped_up_to_a_limit(small_cfg, tmp_path, monk
     assert float(rows[-1]["train/skipped_steps"]) == 2 and all(r["train/loss_smooth"] != "nan" for r in rows)
 
 
-def test_bf16_mixed_on_cpu_lowers_the_loss_and_keeps_xsa_orthogonal(small_cfg, tmp_path):
-    run_dir = train(small_cfg("trainer.precision=bf16-mixed", "train.max_steps=30", "eval.every=30",
-                              "eval.diag_every=10", "optim.muon.momentum_warmup_steps=10"), tmp_path / "run")
-    assert json.loads((run_dir / "run.json").read_text())["precision"] == "bf16-mixed"
+@pytest.mark.parametrize("switches", [["trainer.precision=bf16-mixed"],
+                                      ["trainer.precision=bf16-compute", "model.fused_loss_head=true"]])
+def test_bf16_on_cpu_lowers_the_loss_and_keeps_xsa_orthogonal(small_cfg, tmp_path, switches):
+    run_dir = train(small_cfg(*switches, "train.max_steps=30", "eval.every=30", "eval.diag_every=10",
+                              "optim.muon.momentum_warmup_steps=10"), tmp_path / "run")
+    precision = switches[0].split("=")[1]
+    assert json.loads((run_dir / "run.json").read_text())["precision"] == precision
+    weights = torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=False)["state_dict"]
+    bf16 = {name for name, w in weights.items() if w.dtype == torch.bfloat16}
+    assert bf16 == (set() if precision == "bf16-mixed" else {"model.wte.weight", "model.value_embeds.1.weight"})
     losses = [float(r["train/loss"]) for r in read_rows(run_dir) if r["train/loss"]]
     assert all(map(math.isfinite, losses)) and sum(losses[-5:]) / 5 < losses[0] - 1.0
     lines = [json.loads(line) for line in (run_dir / "diagnostics.jsonl").read_text().splitlines()]

@@ -26,6 +26,7 @@ from xsa_exp.eval.chat import evaluate_chat
 from xsa_exp.eval.core import evaluate_core
 from xsa_exp.eval.diagnostics import METRICS as DIAGNOSTICS
 from xsa_exp.eval.diagnostics import attention_diagnostics
+from xsa_exp.precision import BF16_COMPUTE, prepare
 from xsa_exp.run_dir import (
     TOKENIZER,
     LoadedRun,
@@ -57,6 +58,7 @@ def evaluate(cfg: DictConfig) -> Path | None:
     say = print if rank == 0 else lambda *args, **kwargs: None
     model = run.model.to(device)
     precision = options.precision or trained_precision(run.run_dir)
+    prepare(model, precision)
     autocast = forward_context(precision, device)
     summary = eval_summary(run=run.run_dir, checkpoint=run.checkpoint, step=run.step, precision=precision, metrics={})
     files = {}  # file name in the results folder -> its rows
@@ -147,9 +149,10 @@ def forward_context(precision: str, device: torch.device):
     """The forward context Lightning's Trainer uses for this precision (autocast for the mixed ones)."""
     if precision in ("bf16-mixed", "16-mixed"):
         return MixedPrecision(precision, device.type).forward_context
-    if precision in ("32-true", "32", "64-true"):
+    if precision in ("32-true", "32", "64-true", BF16_COMPUTE):
         return nullcontext
-    raise UserError(f"eval.precision={precision} is not supported for evaluation; use 32-true, bf16-mixed or 16-mixed")
+    raise UserError(f"eval.precision={precision} is not supported for evaluation; use 32-true, bf16-compute, "
+                    "bf16-mixed or 16-mixed")
 
 
 def chatcore(run: LoadedRun, cfg: DictConfig, bundle: Path, rank: int, world_size: int,

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-PRECISIONS = ("auto", "32-true", "32", "64-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
+PRECISIONS = ("auto", "32-true", "32", "64-true", "bf16-compute", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 
 
 def key(default=DC_MISSING, help: str = "", *, factory=None, **checks):
@@ -77,6 +77,9 @@ class ModelConfig:
     x0_lambda_init: List[float] = key(help="x0_lambda at the first and the last layer, linear in between",
                                       factory=lambda: [0.1, 0.1])
     ve_gate_init: float = key(0.0, "value-embedding gate weights ~ U(0, ve_gate_init); 0 = zeros", ge=0)
+    fused_loss_head: bool = key(False, "lm_head, soft-cap and cross-entropy a chunk of tokens at a time (on CUDA "
+                                       "outside the compiled forward: Liger-Kernel's fused kernel where installed), "
+                                       "so the full logits never exist; the unfused head's loss to fp32 rounding")
 
 
 @dataclass
@@ -240,8 +243,9 @@ class TrainerConfig:
     # Any: a device count or "auto" (also -1: all); checked in validate().
     devices: Any = key(1, "devices per node", accepts="an integer >= 1, auto or -1 (all)")
     num_nodes: int = key(1, "nodes", ge=1)
-    precision: str = key("auto", "auto = bf16-mixed on CUDA and on native-bf16 CPUs from n_embd 768, else 32-true",
-                         choices=PRECISIONS)
+    precision: str = key("auto", "bf16-compute: nanochat's bf16 (bf16 embeddings and activations, fp32 master "
+                                 "matrices cast in each matmul, no autocast); auto = bf16-compute on CUDA, bf16-mixed "
+                                 "on native-bf16 CPUs from n_embd 768, else 32-true", choices=PRECISIONS)
     strategy: str = key("auto", "Lightning strategy",
                         choices=("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "single_device"),
                         hint="fsdp and deepspeed hand the optimizer flat shards, while Muon needs whole matrices "
@@ -275,7 +279,8 @@ class TrainLoopConfig:
                                   gt=0)
     grad_clip: float = key(0.0, "max global grad norm; 0 = off", ge=0)
     skip_nonfinite_steps: int = key(0, "non-finite updates skipped before the run stops; 0 = stop at the first", ge=0)
-    compile: bool = key(False, "torch.compile the training forward (evaluations run eager)")
+    compile: bool = key(False, "torch.compile the training forward as one graph (fullgraph: a graph break is an "
+                               "error); evaluations run eager")
     cpu_threads: Optional[int] = key(None, "torch threads on CPU; null = torch's default (one per core); fp32 sums, "
                                      "and so results, depend on it", ge=1)
     peak_flops: Optional[float] = key(None, "one device's peak FLOP/s, for train/mfu; null = by CUDA device name "
@@ -355,7 +360,8 @@ class EvaluateEvalConfig:
                                           "~/.cache/xsa-exp/eval_bundle")
     val_tokens: Optional[int] = key(None, "null: the run's eval.val_tokens", ge=1)
     precision: Optional[str] = key(None, "null: the precision the run trained with",
-                                   choices=(None, "32-true", "32", "64-true", "bf16-mixed", "16-mixed"))
+                                   choices=(None, "32-true", "32", "64-true", "bf16-compute", "bf16-mixed",
+                                            "16-mixed"))
     diag_rows: Optional[int] = key(None, "null: the run's eval.diag_rows", ge=1)
     core_max_per_task: Optional[int] = key(None, "null: every example (the published protocol)", ge=1)
     chatcore: ChatCoreConfig = field(default_factory=ChatCoreConfig)

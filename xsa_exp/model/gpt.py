@@ -24,6 +24,7 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from xsa_exp.config.schema import ModelConfig, XSAConfig
 from xsa_exp.model.layout import SMEAR_GATE_CHANNELS, value_embedding_layers
+from xsa_exp.model.loss_head import linear_cross_entropy
 from xsa_exp.model.xsa_op import exclusive_self_attention, initial_theta, learnable_alpha
 from xsa_exp.model.xsa_settings import XSASettings
 
@@ -105,6 +106,15 @@ class GPTConfig(ModelConfig):
         return config
 
 
+class CastedLinear(nn.Linear):
+    """nn.Linear whose weight is cast to the input's dtype in the matmul, as nanochat's Linear: the weight stays the
+    fp32 master (its optimizer state fp32 too) and a bf16 input multiplies in bf16 (GPT.compute_in). With an fp32
+    input, or under autocast, it is nn.Linear: the cast does nothing."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.to(x.dtype))
+
+
 def layer_ramp(first: float, last: float, n_layer: int) -> torch.Tensor:
     """One value per layer, linear from `first` at layer 0 to `last` at the last layer (nanochat's scalar inits)."""
     return torch.tensor([first - (first - last) * i / max(n_layer - 1, 1) for i in range(n_layer)])
@@ -176,9 +186,9 @@ class KVCache:
     """Keys and values of every layer for the positions generated so far (B, H_kv, max_len, D each), and, for
     smear, the last position's token embedding.
 
-    Stored in the dtype attention computes in (bf16 under bf16 autocast, else the weights'), decided when
-    the first keys arrive: under autocast half the memory of fp32, and no cast of the whole prefix at each
-    decoding step. With grouped-query attention it holds the n_kv_head heads, not one per query head.
+    Stored in the dtype attention computes in, v's (q and k are cast to it: CausalSelfAttention.forward), decided
+    when the first keys arrive: bf16 under bf16 autocast or bf16-compute, half the memory of fp32. With grouped-query
+    attention it holds the n_kv_head heads, not one per query head.
 
     Rows of different prompt lengths are left-padded: `first[b]` is row b's first real position, and
     no real token attends to (or smears in) the padding before it. RoPE scores depend only on the distance
@@ -196,18 +206,12 @@ class KVCache:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
         """Store the new k, v at pos..pos+T and attend the new queries over the cached positions in their window."""
         if self.k is None:
-            # Attention runs in autocast's dtype where autocast is on (SDPA casts q, k, v to it), else in k's.
-            kind = k.device.type
-            dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else k.dtype
-            self.k = torch.zeros(self.shape, device=self.device, dtype=dtype)
-            self.v = torch.zeros(self.shape, device=self.device, dtype=dtype)
+            self.k = torch.zeros(self.shape, device=self.device, dtype=v.dtype)
+            self.v = torch.zeros(self.shape, device=self.device, dtype=v.dtype)
         T = q.size(2)
         end = self.pos + T
         self.k[layer, :, :, self.pos:end] = k
         self.v[layer, :, :, self.pos:end] = v
-        # q in the cache's dtype, never the whole cached prefix in q's: under CUDA autocast rms_norm returns
-        # fp32, and converting the prefix at every decoding step would cost more than the attention itself.
-        q = q.to(self.k.dtype)
         keys, values = self.k[layer, :, :, :end], self.v[layer, :, :, :end]
         gqa = keys.size(1) != q.size(1)
         if T == 1 and self.first is None and (window is None or window >= end - 1):  # one token sees every cached one
@@ -232,13 +236,13 @@ class CausalSelfAttention(nn.Module):
         self.window = config.windows[layer_idx]
         self.block_mask = None  # FlexAttention's mask for the training length (GPT.use_block_masks), windows only
         kv_dim = self.n_kv_head * self.head_dim
-        self.c_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.c_k = nn.Linear(config.n_embd, kv_dim, bias=False)
-        self.c_v = nn.Linear(config.n_embd, kv_dim, bias=False)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.c_q = CastedLinear(config.n_embd, config.n_embd, bias=False)
+        self.c_k = CastedLinear(config.n_embd, kv_dim, bias=False)
+        self.c_v = CastedLinear(config.n_embd, kv_dim, bias=False)
+        self.c_proj = CastedLinear(config.n_embd, config.n_embd, bias=False)
         self.ve_gate_channels = config.ve_gate_channels
         has_ve = layer_idx in config.ve_layers
-        self.ve_gate = nn.Linear(config.ve_gate_channels, self.n_kv_head, bias=False) if has_ve else None
+        self.ve_gate = CastedLinear(config.ve_gate_channels, self.n_kv_head, bias=False) if has_ve else None
         self.xsa = config.xsa
         self.xsa_on = config.xsa.on(layer_idx)  # off: skipped entirely, bit-identical to standard attention
         self.xsa_theta = None
@@ -284,6 +288,9 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
         if self.qk_scale != 1.0:  # sharper attention, the scale split between q and k
             q, k = q * self.qk_scale, k * self.qk_scale
+        # every attention path in v's dtype: under CUDA autocast rms_norm returns fp32 (torch >= 2.12), and q and k
+        # would reach attention in fp32 (FlexAttention, the KV cache) while v is bf16
+        q, k = q.to(v.dtype), k.to(v.dtype)
         if kv_cache is not None:
             y = kv_cache.attend(self.layer_idx, q, k, v, self.window)
         elif self.probe is None:
@@ -307,8 +314,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+        self.c_fc = CastedLinear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = CastedLinear(4 * config.n_embd, config.n_embd, bias=False)
         self.relu2 = config.mlp_activation == "relu2"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -334,7 +341,7 @@ class GPT(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = CastedLinear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         kv_dim = config.kv_heads * config.head_dim
@@ -345,7 +352,7 @@ class GPT(nn.Module):
             self.x0_lambdas = nn.Parameter(layer_ramp(*config.x0_lambda_init, config.n_layer))
         self.smear_gate = self.smear_lambda = self.backout_lambda = None
         if config.smear:  # lambda from 0: the model starts without it
-            self.smear_gate = nn.Linear(SMEAR_GATE_CHANNELS, 1, bias=False)
+            self.smear_gate = CastedLinear(SMEAR_GATE_CHANNELS, 1, bias=False)
             self.smear_lambda = nn.Parameter(torch.zeros(1))
         if config.backout:
             self.backout_lambda = nn.Parameter(torch.full((1,), 0.2))
@@ -387,7 +394,8 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_reduction: str = "mean",
                 kv_cache: KVCache | None = None):
-        """Logits (B, T, V) in fp32, or the cross-entropy against targets (-1 = ignore).
+        """Logits (B, T, V) in fp32, or the cross-entropy against targets (-1 = ignore); with model.fused_loss_head,
+        the cross-entropy without the logits (xsa_exp/model/loss_head.py).
 
         With kv_cache, idx continues the cached sequence (positions start at kv_cache.pos)."""
         start = kv_cache.pos if kv_cache is not None else 0
@@ -408,10 +416,14 @@ class GPT(nn.Module):
             if i == backout_layer:
                 x_backout = x
         if backout_layer is not None:  # remove the low-level features of the first half before the logits
-            x = x - self.backout_lambda * x_backout
+            x = x - self.backout_lambda.to(x.dtype) * x_backout
         if kv_cache is not None:
             kv_cache.pos = end
-        logits = self.lm_head(norm(x)).float()
+        x = norm(x)
+        if targets is not None and self.config.fused_loss_head:
+            return linear_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.reshape(-1),
+                                        self.config.logit_softcap, loss_reduction)
+        logits = self.lm_head(x).float()
         if self.config.logit_softcap:
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)
@@ -419,6 +431,17 @@ class GPT(nn.Module):
             return logits
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
                                reduction=loss_reduction)
+
+    @torch.no_grad()
+    def compute_in(self, dtype: torch.dtype) -> None:
+        """Compute in dtype as nanochat does, without autocast (trainer.precision=bf16-compute): the token and value
+        embeddings are stored in dtype, so the residual stream and every activation computed from it are dtype, while
+        the matrices keep fp32 master weights and optimizer state, cast to dtype in each matmul (CastedLinear), and
+        the scalars stay fp32 (a 0-dim scalar times a bf16 tensor is bf16). The logits are cast to fp32 for the
+        soft-cap and the loss."""
+        self.wte.to(dtype)
+        for embedding in self.value_embeds.values():
+            embedding.to(dtype)
 
     def smear(self, x: torch.Tensor, start: int, kv_cache: KVCache | None) -> torch.Tensor:
         """x_p + lambda * sigmoid(gate(x_p[:24])) * x_{p-1} at every position p >= 1 (cheap bigram information)."""
@@ -431,7 +454,8 @@ class GPT(nn.Module):
         if n == 0:
             return x
         current = x[:, -n:]
-        share = self.smear_lambda * torch.sigmoid(self.smear_gate(current[..., :SMEAR_GATE_CHANNELS])) * prev
+        gate = torch.sigmoid(self.smear_gate(current[..., :SMEAR_GATE_CHANNELS]))
+        share = self.smear_lambda.to(x.dtype) * gate * prev
         if kv_cache is not None and kv_cache.first is not None:  # a row's first real token has no previous one
             pos = torch.arange(start + x.size(1) - n, start + x.size(1), device=x.device)
             share = share * (pos - 1 >= kv_cache.first[:, None]).unsqueeze(-1)

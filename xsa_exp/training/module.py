@@ -23,7 +23,9 @@ class LanguageModel(L.LightningModule):
         self.model = model
         # Only the training forward is compiled (one shape, one graph); evaluations call the eager model, whose
         # shapes change from batch to batch (CORE's examples, the last validation batch) and would recompile.
-        self.train_forward = torch.compile(model.forward) if compile_forward else model.forward
+        # fullgraph: a graph break (a torch version that cannot trace a call) fails here instead of silently
+        # splitting the forward into graphs and eager Python between them.
+        self.train_forward = torch.compile(model.forward, fullgraph=True) if compile_forward else model.forward
         self.optim_cfg, self.transfer = optim_cfg, transfer
         self.total_steps = total_steps
         self.run_config = run_config

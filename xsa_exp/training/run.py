@@ -32,6 +32,7 @@ from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.memory import memory_warning
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.optim.schedule import check_schedule
+from xsa_exp.precision import BF16_COMPUTE, lightning_precision, prepare
 from xsa_exp.run_dir import LoadedRun, RunError, load_trained
 from xsa_exp.run_lock import LockLost
 from xsa_exp.training.checkpoints import PeriodicCheckpoint, RunDirCheckpointIO, remove_untracked_step_checkpoints
@@ -63,11 +64,11 @@ def accelerator_is_cuda(trainer_cfg: DictConfig) -> bool:
 
 
 def resolve_precision(trainer_cfg: DictConfig, n_embd: int) -> tuple[str, str]:
-    """The Lightning precision for trainer.precision, and why it was chosen."""
+    """The precision for trainer.precision (xsa_exp/precision.py), and why it was chosen."""
     if trainer_cfg.precision != "auto":
         return str(trainer_cfg.precision), "trainer.precision"
     if accelerator_is_cuda(trainer_cfg):
-        return "bf16-mixed", "auto: CUDA"
+        return BF16_COMPUTE, "auto: CUDA"
     if not cpu_has_native_bf16():
         return "32-true", "auto: CPU without native bf16 matmul"
     if n_embd < CPU_BF16_MIN_WIDTH:
@@ -162,6 +163,7 @@ def train_as_writer(cfg: DictConfig, run_dir: Path, writer: RunDirWriter) -> Pat
     else:
         rank_zero_info(f"resuming from {resume_from}")
 
+    prepare(model, run["precision"])
     module = LanguageModel(model, settings.optim, transfer, run["max_steps"],
                            OmegaConf.to_container(cfg, resolve=True), cfg.train.skip_nonfinite_steps,
                            compile_forward=cfg.train.compile)
@@ -218,7 +220,7 @@ def describe_run(cfg: DictConfig, run_dir: Path, model: GPT, max_steps: int, bas
     counts."""
     precision, precision_reason = resolve_precision(cfg.trainer, cfg.model.n_embd)
     if accelerator_is_cuda(cfg.trainer):
-        torch.set_float32_matmul_precision("high")  # TF32 for the matmuls autocast leaves in fp32 (as nanochat)
+        torch.set_float32_matmul_precision("high")  # TF32 for the matmuls left in fp32 (as nanochat)
     return rd.run_info(run_dir=run_dir, max_steps=max_steps, tokens_per_step=batch_tokens(cfg),
                        grad_accumulation=grad_accumulation(cfg), precision=precision, precision_reason=precision_reason,
                        float32_matmul_precision=torch.get_float32_matmul_precision(),
@@ -230,9 +232,10 @@ def describe_run(cfg: DictConfig, run_dir: Path, model: GPT, max_steps: int, bas
 
 
 def build_trainer(cfg: DictConfig, run: dict, loggers: list, callbacks: list) -> L.Trainer:
-    # conf/trainer/ is passed to the Trainer as it is (precision "auto" resolved in run.json); the rest is the run's.
+    # conf/trainer/ is passed to the Trainer as it is (precision "auto" resolved in run.json, bf16-compute as the
+    # 32-true it is to Lightning); the rest is the run's.
     trainer = L.Trainer(
-        **{**OmegaConf.to_container(cfg.trainer, resolve=True), "precision": run["precision"]},
+        **{**OmegaConf.to_container(cfg.trainer, resolve=True), "precision": lightning_precision(run["precision"])},
         max_steps=run["max_steps"], accumulate_grad_batches=run["grad_accumulation"],
         plugins=[*cluster_plugins(), RunDirCheckpointIO()], gradient_clip_val=cfg.train.grad_clip or None,
         logger=loggers, callbacks=callbacks,
