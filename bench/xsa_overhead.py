@@ -59,7 +59,7 @@ def build(overrides: list[str], device: str, compile_model: bool):
     if compile_model:
         model.compile()
     optimizer = MuonAdamW(build_param_groups(model, cfg.optim))
-    scheduler = OptimizerSchedule(optimizer, 10**6, 0.0, 0.0, 0.0, 0.85, 0.95, 300)
+    scheduler = OptimizerSchedule(optimizer, 10**6, 0.0, 0.0, 0.0, 0.85, 0.95, 300, None, "constant")
     return cfg, model, optimizer, scheduler
 
 

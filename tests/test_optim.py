@@ -7,6 +7,7 @@ from tests import gloo
 from tests.conftest import compose_config
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups, orthogonalize
+from xsa_exp.optim.muon_adamw import GROUP_KEYS
 
 
 def relative_error(a, b):
@@ -14,8 +15,15 @@ def relative_error(a, b):
 
 
 def muon_group(params, **kw):
-    return dict(algorithm="muon", params=params, lr=0.02, momentum=0.95, nesterov=True, ns_steps=5,
-                ns_coefficients="quintic", weight_decay=0.1, **kw)
+    """torch.optim.Muon's step."""
+    return dict(dict(role="matrix", algorithm="muon", params=params, lr=0.02, momentum=0.95, nesterov=True,
+                     ns_steps=5, ns_coefficients="quintic", ns_dtype="bfloat16", sharded=True, weight_decay=0.1,
+                     cautious_weight_decay=False, variance_reduction=False, beta2=0.9), **kw)
+
+
+def adamw_group(params, fused, **kw):
+    return dict(dict(role="embedding", algorithm="adamw", params=params, lr=0.01, betas=(0.8, 0.95), eps=1e-10,
+                     weight_decay=0.1, fused=fused), **kw)
 
 
 @pytest.mark.parametrize("shape", [(64, 32), (32, 64), (48, 48)])
@@ -39,7 +47,7 @@ def test_adamw_groups_match_torch_adamw():
     torch.manual_seed(0)
     ours = torch.nn.Parameter(torch.randn(10, 3))
     ref = torch.nn.Parameter(ours.detach().clone())
-    mine = MuonAdamW([dict(algorithm="adamw", params=[ours], lr=0.01, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)])
+    mine = MuonAdamW([adamw_group([ours], fused=False)])
     theirs = torch.optim.AdamW([ref], lr=0.01, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)
     for _ in range(5):
         grad = torch.randn(10, 3)
@@ -88,10 +96,6 @@ def test_stacked_newton_schulz_equals_one_matrix_at_a_time(shape):
             assert stacked.shape == gs.shape
             for g, got in zip(gs, stacked):
                 torch.testing.assert_close(got, orthogonalize(g, 5, coefficients, dtype), rtol=0, atol=tolerance)
-
-
-def adamw_group(params, fused):
-    return dict(algorithm="adamw", params=params, lr=0.01, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1, fused=fused)
 
 
 def test_fused_adamw_equals_the_foreach_path_to_float_rounding():
@@ -175,6 +179,19 @@ def test_routing_every_parameter_once_no_vector_on_muon():
     assert by_role["embedding"]["betas"] == (0.8, 0.95) and by_role["embedding"]["eps"] == 1e-10
 
 
+def test_param_groups_carry_every_key_at_the_schema_default():
+    model, cfg = model_and_cfg("xsa=learnable")
+    groups = build_param_groups(model, cfg.optim)
+    for group in groups:
+        assert set(group) == set(GROUP_KEYS[group["algorithm"]]), group["role"]
+    muon = next(g for g in groups if g["algorithm"] == "muon")
+    assert muon["sharded"] and not muon["variance_reduction"] and muon["ns_dtype"] == "bfloat16"
+    assert all(g["fused"] for g in groups if g["algorithm"] == "adamw")
+    del muon["beta2"]
+    with pytest.raises(KeyError, match="'matrix' lacks beta2"):
+        MuonAdamW(groups)
+
+
 def test_optim_adamw_puts_everything_on_adamw():
     model, cfg = model_and_cfg("optim=adamw")
     opt = MuonAdamW(build_param_groups(model, cfg.optim))
@@ -207,10 +224,10 @@ def test_state_dict_round_trip_continues_identically():
 def test_schedule_warmup_constant_warmdown_and_momentum():
     p = torch.nn.Parameter(torch.ones(2, 2))
     q = torch.nn.Parameter(torch.ones(2))
-    opt = MuonAdamW([muon_group([p]),
-                     dict(algorithm="adamw", params=[q], lr=0.1, betas=(0.8, 0.95), eps=1e-10, weight_decay=0)])
+    opt = MuonAdamW([muon_group([p]), adamw_group([q], fused=True, lr=0.1, weight_decay=0)])
     sched = OptimizerSchedule(opt, total_steps=100, warmup_steps=10, warmdown_frac=0.5, final_lr_frac=0.2,
-                                   momentum_start=0.85, momentum_end=0.95, momentum_warmup_steps=40)
+                              momentum_start=0.85, momentum_end=0.95, momentum_warmup_steps=40, momentum_warmdown=None,
+                              weight_decay_schedule="constant")
     lrs, momenta = [], []
     for _ in range(100):
         lrs.append(opt.param_groups[1]["lr"])

@@ -263,8 +263,9 @@ def test_variance_reduction_keeps_the_norm_and_evens_the_rows():
 
 
 def muon_group(p, **kw):
-    return dict(dict(algorithm="muon", params=[p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5,
-                     ns_coefficients="polar_express", ns_dtype="float32", weight_decay=0.28), **kw)
+    return dict(dict(role="matrix", algorithm="muon", params=[p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5,
+                     ns_coefficients="polar_express", ns_dtype="float32", sharded=True,
+                     weight_decay=0.28, cautious_weight_decay=False, variance_reduction=False, beta2=0.9), **kw)
 
 
 def test_cautious_weight_decay_decays_only_where_update_and_weight_agree():
@@ -287,7 +288,7 @@ def test_cautious_weight_decay_decays_only_where_update_and_weight_agree():
 def test_a_skipped_update_leaves_the_stack_muon_state_exactly(variance_reduction):
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(8, 4))
-    opt = MuonAdamW([muon_group(w, cautious_weight_decay=True, variance_reduction=variance_reduction, beta2=0.9)])
+    opt = MuonAdamW([muon_group(w, cautious_weight_decay=True, variance_reduction=variance_reduction)])
     opt.found_inf = torch.zeros(())
     w.grad = torch.randn(8, 4)
     opt.step()
@@ -382,4 +383,4 @@ def test_stack_settings_errors_name_the_fix(override, message):
 def test_warmup_longer_than_the_run_is_refused():
     w = torch.nn.Parameter(torch.randn(4, 4))
     with pytest.raises(ConfigError, match="shorten the warmup"):
-        OptimizerSchedule(MuonAdamW([muon_group(w)]), 100, 40, 0.65, 0.05, 0.85, 0.97, 400)
+        OptimizerSchedule(MuonAdamW([muon_group(w)]), 100, 40, 0.65, 0.05, 0.85, 0.97, 400, None, "constant")

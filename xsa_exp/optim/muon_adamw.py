@@ -1,8 +1,9 @@
 """One optimizer for Muon (hidden matrices) and AdamW (everything else).
 
 Lightning's automatic optimization takes a single optimizer, so both algorithms live here as
-param groups tagged `algorithm: "muon" | "adamw"`. `step(closure)` calls the closure first, which
-is what lets Lightning run the forward/backward, gradient accumulation and clipping inside it.
+param groups tagged `algorithm: "muon" | "adamw"`, each with every key of MuonGroup or AdamWGroup (build_param_groups
+sets them from the config; nothing is defaulted here). `step(closure)` calls the closure first, which is what lets
+Lightning run the forward/backward, gradient accumulation and clipping inside it.
 
 A whole update is skipped when `found_inf` is set (a 0-dim tensor on the device, 1 for a non-finite
 loss or gradient, set by the training loop before each step, as torch's GradScaler does for fused
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
@@ -30,6 +32,39 @@ POLAR_EXPRESS_COEFFICIENTS = (
     (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
     (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
 )
+
+
+class MuonGroup(TypedDict):
+    """A Muon param group. Weight decay is decoupled: as torch.optim.Muon (the weights x (1 - lr wd)), or, cautious,
+    as nanochat (lr wd w subtracted only where the update and w agree in sign, with Muon's shape-adjusted lr)."""
+    role: str
+    algorithm: str  # "muon"
+    params: list
+    lr: float
+    momentum: float
+    nesterov: bool
+    ns_steps: int
+    ns_coefficients: str  # "quintic" | "polar_express"
+    ns_dtype: str  # "bfloat16" | "float32"
+    sharded: bool  # under DDP: each rank orthogonalizes its share of the matrices
+    weight_decay: float
+    cautious_weight_decay: bool
+    variance_reduction: bool
+    beta2: float  # variance reduction's decay
+
+
+class AdamWGroup(TypedDict):
+    role: str
+    algorithm: str  # "adamw"
+    params: list
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    fused: bool  # torch's fused kernel (takes found_inf on the device); else its foreach path
+
+
+GROUP_KEYS = {"muon": MuonGroup.__required_keys__, "adamw": AdamWGroup.__required_keys__}
 
 
 def orthogonalize(g: torch.Tensor, ns_steps: int = 5, coefficients: str = "quintic",
@@ -85,19 +120,17 @@ def second_moment_shape(shape: torch.Size) -> tuple[int, int]:
 
 
 class MuonAdamW(torch.optim.Optimizer):
-    """Param groups carry `algorithm`; Muon groups: lr, momentum, nesterov, ns_steps, ns_coefficients,
-    ns_dtype (optional, "bfloat16" by default), sharded (optional), weight_decay, variance_reduction and
-    beta2 (optional, off), cautious_weight_decay (optional, off); AdamW groups: lr, betas, eps, weight_decay,
-    fused (optional, False by default). Both use decoupled weight decay: Muon's as torch.optim.Muon (the weights
-    x (1 - lr wd)), or, cautious, as nanochat (lr wd w subtracted only where the update and w agree in sign, with
-    Muon's shape-adjusted lr)."""
+    """Param groups: MuonGroup or AdamWGroup, every key set."""
 
     def __init__(self, param_groups: list[dict]):
         for group in param_groups:
-            if group.get("algorithm") not in ("muon", "adamw"):
-                raise ValueError(f"param group {group.get('role')!r} needs algorithm 'muon' or 'adamw'")
+            if group["algorithm"] not in GROUP_KEYS:
+                raise ValueError(f"param group {group['role']!r} needs algorithm 'muon' or 'adamw'")
+            missing = GROUP_KEYS[group["algorithm"]] - group.keys()
+            if missing:
+                raise KeyError(f"param group {group['role']!r} lacks {', '.join(sorted(missing))}")
             if group["algorithm"] == "muon" and any(p.ndim != 2 for p in group["params"]):
-                raise ValueError(f"param group {group.get('role')!r}: Muon takes 2-D matrices only")
+                raise ValueError(f"param group {group['role']!r}: Muon takes 2-D matrices only")
         super().__init__(param_groups, defaults={})
         self.found_inf: torch.Tensor | None = None
 
@@ -116,12 +149,12 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _muon_step(self, group: dict) -> None:
         lr, wd = group["lr"], group["weight_decay"]
-        variance_reduction, cautious = group.get("variance_reduction", False), group.get("cautious_weight_decay", False)
-        ns_dtype = getattr(torch, group.get("ns_dtype", "bfloat16"))
+        variance_reduction, cautious = group["variance_reduction"], group["cautious_weight_decay"]
+        ns_dtype = getattr(torch, group["ns_dtype"])
         params = [p for p in group["params"] if p.grad is not None]
         # sharded: under torch.distributed each rank orthogonalizes every world_size-th matrix and
         # broadcasts it; momentum (cheap) is still kept on every rank, so all states stay identical.
-        sharded = (group.get("sharded", False) and dist.is_available() and dist.is_initialized()
+        sharded = (group["sharded"] and dist.is_available() and dist.is_initialized()
                    and dist.get_world_size() > 1)
         rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
         # On a skipped update the gradients count as zero and the momentum moves by a weight of 0 (so it is unchanged,
@@ -142,7 +175,7 @@ class MuonAdamW(torch.optim.Optimizer):
     def _update_momenta(self, group, params, keep, skipped, rank, world, updates, ns_dtype) -> dict:
         """Each matrix's momentum from its gradient; returns the matrices this rank orthogonalizes, grouped (by
         shape on a GPU), and leaves an empty update for each matrix another rank broadcasts."""
-        momentum, variance_reduction = group["momentum"], group.get("variance_reduction", False)
+        momentum, variance_reduction = group["momentum"], group["variance_reduction"]
         owned_by_shape = defaultdict(list)
         for i, p in enumerate(params):
             state = self.state[p]
@@ -204,7 +237,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 updates[i] = update
 
     def _adamw_step(self, group: dict) -> None:
-        fused = group.get("fused", False)
+        fused = group["fused"]
         if not fused and self.found_inf is not None and self.found_inf.item():
             return  # the foreach path cannot take the flag on the device
         params = [p for p in group["params"] if p.grad is not None]
