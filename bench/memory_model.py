@@ -67,7 +67,7 @@ def child(width: int, heads: int, layers: int, compiled: bool) -> None:
         cfg = compose(config_name="train", overrides=overrides)
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
-    optimizer = MuonAdamW(build_param_groups(model, cfg.optim))
+    optimizer = MuonAdamW(build_param_groups(model, cfg.optim, compiled))
     forward = torch.compile(model.forward) if compiled else model.forward
     batch = torch.randint(0, VOCAB, (1, SEQ + 1))
 

@@ -264,7 +264,7 @@ def test_variance_reduction_keeps_the_norm_and_evens_the_rows():
 
 def muon_group(p, **kw):
     return dict(dict(role="matrix", algorithm="muon", params=[p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5,
-                     ns_coefficients="polar_express", ns_dtype="float32", sharded=True,
+                     ns_coefficients="polar_express", ns_dtype="float32", sharded=True, compiled=False,
                      weight_decay=0.28, cautious_weight_decay=False, variance_reduction=False, beta2=0.9), **kw)
 
 
@@ -352,7 +352,8 @@ def test_stack_composes_and_sets_only_what_differs_from_classic():
     for key in leaves(stack_file):
         assert OmegaConf.select(classic, key) != OmegaConf.select(stack, key), f"{key} is the classic value"
     validate(stack)
-    groups = {g["role"]: g for g in build_param_groups(GPT(GPTConfig.from_config(stack.model, stack.xsa)), stack.optim)}
+    groups = {g["role"]: g for g in build_param_groups(GPT(GPTConfig.from_config(stack.model, stack.xsa)), stack.optim,
+                                                     compiled=False)}
     assert groups["unembedding"]["betas"] == (0.8, 0.96) and groups["unembedding"]["weight_decay"] == 0.01
     assert groups["x0_scalar"]["betas"] == (0.96, 0.95) and groups["resid_scalar"]["weight_decay"] == 0.05
     assert groups["smear_backout"]["lr"] == 0.2 and groups["smear_backout"]["betas"] == (0.8, 0.95)

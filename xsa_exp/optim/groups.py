@@ -6,8 +6,9 @@ from xsa_exp.model.gpt import ROLE_BY_NAME
 from xsa_exp.optim.muon_adamw import AdamWGroup, MuonGroup
 
 
-def build_param_groups(model, optim_cfg) -> list[dict]:
-    """Every key of each group from the config (MuonGroup, AdamWGroup)."""
+def build_param_groups(model, optim_cfg, compiled: bool) -> list[dict]:
+    """Every key of each group from the config (MuonGroup, AdamWGroup); compiled: Muon's step as one torch.compile
+    graph per shape group (train.compile)."""
     width_scale = (model.config.n_embd / 768) ** -0.5 if optim_cfg.width_lr_scaling else 1.0
     adamw = optim_cfg.adamw
     groups = []
@@ -19,7 +20,8 @@ def build_param_groups(model, optim_cfg) -> list[dict]:
             groups.append(MuonGroup(role=role, algorithm="muon", params=params, lr=lr, momentum=float(muon.momentum),
                                     nesterov=bool(muon.nesterov), ns_steps=int(muon.ns_steps),
                                     ns_coefficients=str(muon.ns_coefficients), ns_dtype=str(muon.ns_dtype),
-                                    sharded=bool(muon.sharded), weight_decay=float(muon.weight_decay),
+                                    sharded=bool(muon.sharded), compiled=compiled,
+                                    weight_decay=float(muon.weight_decay),
                                     cautious_weight_decay=bool(muon.cautious_weight_decay),
                                     variance_reduction=bool(muon.variance_reduction), beta2=float(muon.beta2)))
             continue

@@ -16,12 +16,14 @@ from xsa_exp.run_dir import checkpoint_meta
 
 class LanguageModel(L.LightningModule):
     def __init__(self, model: GPT, optim_cfg, total_steps: int, run_config: dict | None = None,
-                 max_skipped_steps: int = 0, compile_forward: bool = False):
+                 max_skipped_steps: int = 0, compile: bool = False):
         super().__init__()
         self.model = model
-        # Only the training forward is compiled (one shape, one graph); evaluations call the eager model, whose
-        # shapes change from batch to batch (CORE's examples, the last validation batch) and would recompile.
-        self.train_forward = torch.compile(model.forward) if compile_forward else model.forward
+        # Compiled: the training forward (one shape, one graph) and Muon's step (one graph per shape group).
+        # Evaluations call the eager model, whose shapes change from batch to batch (CORE's examples, the last
+        # validation batch) and would recompile.
+        self.compiled = compile
+        self.train_forward = torch.compile(model.forward) if compile else model.forward
         self.optim_cfg = optim_cfg
         self.total_steps = total_steps
         self.run_config = run_config
@@ -95,7 +97,7 @@ class LanguageModel(L.LightningModule):
                        f"({self.skipped_steps} of train.skip_nonfinite_steps={self.max_skipped_steps})")
 
     def configure_optimizers(self):
-        optimizer = MuonAdamW(build_param_groups(self.model, self.optim_cfg))
+        optimizer = MuonAdamW(build_param_groups(self.model, self.optim_cfg, self.compiled))
         muon, schedule = self.optim_cfg.muon, self.optim_cfg.schedule
         scheduler = OptimizerSchedule(
             optimizer, self.total_steps, schedule.warmup_steps, schedule.warmdown_frac, schedule.final_lr_frac,

@@ -145,7 +145,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
         rank_zero_info(f"resuming from {resume_from}")
 
     module = LanguageModel(model, cfg.optim, run["max_steps"], OmegaConf.to_container(cfg, resolve=True),
-                           cfg.train.skip_nonfinite_steps, compile_forward=cfg.train.compile)
+                           cfg.train.skip_nonfinite_steps, compile=cfg.train.compile)
     loggers = build_loggers(cfg, run_dir, arm, run.get("wandb_id"))
     callbacks = build_callbacks(cfg, run_dir, model)
     trainer = build_trainer(cfg, run, loggers, callbacks)
