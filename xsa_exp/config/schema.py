@@ -275,6 +275,8 @@ class TrainLoopConfig:
                                      "and so results, depend on it", ge=1)
     peak_flops: Optional[float] = key(None, "one device's peak FLOP/s, for train/mfu; null = by CUDA device name "
                                       "(H100, H200, A100, B200 bf16 dense), no MFU on CPU", gt=0)
+    ddp_bucket_mb: int = key(25, "DDP's gradient buckets, in MB: each one all-reduced as soon as its gradients are "
+                                 "ready (BENCHMARKS.md, \"DDP\")", ge=1)
     checkpoint_every: int = key(0, "resumable checkpoint every N steps; 0 = final only", ge=0)
     keep_checkpoints: int = key(2, "newest periodic checkpoints kept", ge=1)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
@@ -207,10 +208,26 @@ def describe_run(cfg: DictConfig, run_dir: Path, model: GPT, max_steps: int, bas
                                            "step": base.step})
 
 
+def build_strategy(cfg: DictConfig) -> str | DDPStrategy:
+    """trainer.strategy, Lightning's DDP (ddp, its variants, or auto on several devices) tuned for these models:
+    gradients are views into DDP's buckets (no copy between them, one gradient's memory less), buffers are not
+    broadcast before every forward (the model's only buffers are its RoPE tables, the same on every rank), and the
+    buckets are train.ddp_bucket_mb."""
+    name = cfg.trainer.strategy
+    if name not in ("ddp", "ddp_spawn", "ddp_find_unused_parameters_true") and not (
+            name == "auto" and world_size(cfg.trainer) > 1):
+        return name
+    return DDPStrategy(start_method="spawn" if name == "ddp_spawn" else "popen",
+                       find_unused_parameters=name == "ddp_find_unused_parameters_true",
+                       gradient_as_bucket_view=True, broadcast_buffers=False, bucket_cap_mb=cfg.train.ddp_bucket_mb)
+
+
 def build_trainer(cfg: DictConfig, run: dict, loggers: list, callbacks: list) -> L.Trainer:
-    # conf/trainer/ is passed to the Trainer as it is (precision "auto" resolved in run.json); the rest is the run's.
+    # conf/trainer/ is passed to the Trainer as it is (precision "auto" resolved in run.json, DDP tuned); the rest is
+    # the run's.
     trainer = L.Trainer(
-        **{**OmegaConf.to_container(cfg.trainer, resolve=True), "precision": run["precision"]},
+        **{**OmegaConf.to_container(cfg.trainer, resolve=True), "precision": run["precision"],
+           "strategy": build_strategy(cfg)},
         max_steps=run["max_steps"], accumulate_grad_batches=run["grad_accumulation"],
         plugins=[*cluster_plugins(), RunDirCheckpointIO()], gradient_clip_val=cfg.train.grad_clip or None,
         logger=loggers, callbacks=callbacks,
@@ -220,6 +237,8 @@ def build_trainer(cfg: DictConfig, run: dict, loggers: list, callbacks: list) ->
     # the checkpoints a resumed run continues from.
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
     warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+    # torch 2.13 renames broadcast_buffers forward_sync_buffers; torch 2.11 (the GPU image's) has only the old name.
+    warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated")
     return trainer
 
 
@@ -281,7 +300,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT) -> list[L.Callba
                  CoreEvaluation(e.core_every, tokens, bundle, e.core_max_per_task)]
     if cfg.train.checkpoint_every > 0:
         callbacks.append(PeriodicCheckpoint(run_dir, cfg.train.checkpoint_every, cfg.train.keep_checkpoints, clock))
-    callbacks += [PreemptionCheckpoint(run_dir, metrics, cfg.train.checkpoint_every), clock]
+    callbacks += [PreemptionCheckpoint(run_dir, metrics, sync, cfg.train.checkpoint_every), clock]
     return callbacks
 
 
