@@ -30,6 +30,7 @@ from xsa_exp.optim.schedule import check_schedule
 from xsa_exp.run_dir import LoadedRun, RunError, load_trained
 from xsa_exp.training.checkpoints import PeriodicCheckpoint, RunDirCheckpointIO, remove_untracked_step_checkpoints
 from xsa_exp.training.evaluations import AttentionDiagnostics, CoreEvaluation, ValidationBPB
+from xsa_exp.training.host import FrozenGC, use_expandable_segments
 from xsa_exp.training.metrics_log import HostSync, TrainMetrics, UpdateClock
 from xsa_exp.training.module import LanguageModel
 from xsa_exp.training.preemption import PreemptionCheckpoint
@@ -117,6 +118,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     (xsa_exp/config/preflight.py) validates every run of a command line, each sweep job included, before any starts."""
     quiet_libraries()
     export_submitit_local_ranks()
+    if accelerator_is_cuda(cfg.trainer):
+        use_expandable_segments()  # before anything initialises CUDA
     run_dir = Path(run_dir).resolve()
     check_writable(run_dir)
     completed, resume_from = previous_attempt(cfg, run_dir)
@@ -129,7 +132,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     model = GPT(GPTConfig.from_config(cfg.model, cfg.xsa))
     base = load_base_run(cfg, model)
     datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size, cfg.train.device_batch_size,
-                                cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER)
+                                cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER,
+                                local_ranks=world_size(cfg.trainer) // cfg.trainer.num_nodes)
     arm = Arm.run_keys_of(cfg)
     run = describe_run(cfg, run_dir, model, max_steps(cfg.train, model, datamodule), base, arm)
     if cfg.logger.wandb is not None:  # one wandb run across requeues and resumes: its id is kept in run.json
@@ -300,7 +304,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT) -> list[L.Callba
                  CoreEvaluation(e.core_every, tokens, bundle, e.core_max_per_task)]
     if cfg.train.checkpoint_every > 0:
         callbacks.append(PeriodicCheckpoint(run_dir, cfg.train.checkpoint_every, cfg.train.keep_checkpoints, clock))
-    callbacks += [PreemptionCheckpoint(run_dir, metrics, sync, cfg.train.checkpoint_every), clock]
+    callbacks += [PreemptionCheckpoint(run_dir, metrics, sync, cfg.train.checkpoint_every), FrozenGC(), clock]
     return callbacks
 
 
