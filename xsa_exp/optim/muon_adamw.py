@@ -7,7 +7,7 @@ Lightning run the forward/backward, gradient accumulation and clipping inside it
 
 Muon steps each shape group (the group's matrices of one shape) as a whole: eagerly (one matrix at a time on a CPU,
 stacked on a GPU), or, with `compiled`, as one torch.compile graph per shape group (momentum, Nesterov, Newton-Schulz,
-variance reduction, weight decay and the update: a few fused kernels instead of ~15 launches per matrix), whose
+variance reduction, weight decay and the update: a few fused kernels instead of ~12 launches per matrix), whose
 hyperparameters are 0-D tensors so that the schedule's changing values never recompile it. Under DDP with `sharded`,
 each rank orthogonalizes a contiguous share of each shape group and one all_gather per shape group brings every rank
 all of its updates.
