@@ -91,7 +91,7 @@ def compare(nanochat, n_kv_head: int, ns_dtype: str, weight_decay: float) -> Non
 
     optimizer = theirs.setup_optimizer(unembedding_lr=0.008, embedding_lr=0.3, matrix_lr=0.02,
                                        weight_decay=weight_decay, scalar_lr=0.5)
-    ours_opt = MuonAdamW(build_param_groups(ours, cfg.optim))
+    ours_opt = MuonAdamW(build_param_groups(ours, cfg.optim, None, compiled=False))
     schedule = OptimizerSchedule(ours_opt, TOTAL_STEPS, cfg.optim.schedule.warmup_steps,
                                       cfg.optim.schedule.warmdown_frac, cfg.optim.schedule.final_lr_frac,
                                       cfg.optim.muon.momentum_start, cfg.optim.muon.momentum,

@@ -79,7 +79,7 @@ def child(width: int, heads: int, layers: int, compiled: bool, precision: str, f
     torch.manual_seed(0)
     model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
     prepare(model, precision)
-    optimizer = MuonAdamW(build_param_groups(model, cfg.optim))
+    optimizer = MuonAdamW(build_param_groups(model, cfg.optim, None, compiled))
     forward = torch.compile(model.forward, fullgraph=True) if compiled else model.forward
     batch = torch.randint(0, VOCAB, (1, SEQ + 1))
 

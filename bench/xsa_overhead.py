@@ -59,8 +59,8 @@ def build(overrides: list[str], device: str, compile_model: bool):
         model.use_block_masks(cfg.model.sequence_len, torch.device(device))
     if compile_model:
         model.compile()
-    optimizer = MuonAdamW(build_param_groups(model, cfg.optim))
-    scheduler = OptimizerSchedule(optimizer, 10**6, 0.0, 0.0, 0.0, 0.85, 0.95, 300)
+    optimizer = MuonAdamW(build_param_groups(model, cfg.optim, None, compiled=compile_model))
+    scheduler = OptimizerSchedule(optimizer, 10**6, 0.0, 0.0, 0.0, 0.85, 0.95, 300, None, "constant")
     return cfg, model, optimizer, scheduler
 
 

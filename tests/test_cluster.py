@@ -17,7 +17,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from tests.conftest import REPO
 from tests.test_resume import final_weights, rows
-from xsa_exp.cluster import available_cpus, cluster_plugins
+from xsa_exp.cluster import available_cpus, cluster_plugins, rank_cpus
 from xsa_exp.run_dir import read_status
 
 # Two DDP ranks of the tiny preset at one thread each train an update in 0.5-2.5 s (by the machine and its load), so
@@ -104,6 +104,14 @@ def test_lightning_slurm_auto_requeue_is_off_under_slurm(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NAME", "train")
     (plugin,) = cluster_plugins()
     assert isinstance(plugin, SLURMEnvironment) and plugin.auto_requeue is False
+
+
+@pytest.mark.parametrize("affinity, local_ranks, expected", [(16, 4, 4), (16, 32, 1), (4, 4, 4), (16, 1, 16)])
+def test_a_rank_takes_its_affinity_or_an_equal_share_of_the_node(monkeypatch, affinity, local_ranks, expected):
+    """Ranks started without an affinity (all 16 CPUs) share the node's; a rank bound to 4 of them keeps its 4."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(affinity)))
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert rank_cpus(local_ranks) == expected
 
 
 def test_available_cpus_follow_the_affinity():

@@ -1,12 +1,17 @@
-"""Lightning DDP with the combined optimizer: 2 CPU processes (gloo) vs 1 process, same global batch."""
+"""Lightning DDP with the combined optimizer: 2 CPU processes (gloo) vs 1 process, same global batch; the updates
+between host-sync steps under DDP."""
 
 import csv
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from tests import gloo
 from tests.conftest import REPO, SMALL
 
 pytestmark = pytest.mark.slow
@@ -41,3 +46,35 @@ def test_two_gloo_processes_match_one_process(tmp_path):
         assert (ddp_w[key] - single_w[key]).norm() <= 1e-3 * single_w[key].norm() + 1e-6, key
     # Rank 0 alone writes the run's files.
     assert sorted(p.name for p in ddp_dir.glob("*.csv")) == ["metrics.csv"]
+
+
+def _rank_of_a_ddp_run(rank: int, world: int, run_dir: str, out: str) -> None:
+    """One rank of a DDP run in a process group that gloo.spawn made (Lightning joins it, as under torchrun), counting
+    each update's host reads."""
+    os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world))
+    from tests.conftest import compose_config
+    from tests.host_reads import UpdateReads
+    from xsa_exp.training import run as training
+
+    counter = UpdateReads()
+    real_build = training.build_callbacks
+    training.build_callbacks = lambda *a: real_build(*a) + [counter]
+    cfg = compose_config(*SMALL, "trainer=ddp", "trainer.accelerator=cpu", f"trainer.devices={world}",
+                         "train.max_steps=8", "log.print_every=4", "eval.every=6", "eval.diag_every=0",
+                         "train.grad_clip=1.0")
+    training.train(cfg, Path(run_dir))
+    Path(f"{out}.{rank}").write_text(json.dumps(counter.counts))
+
+
+def test_an_update_between_host_sync_steps_reads_nothing_under_ddp(tmp_path):
+    """2 gloo processes: on every update that is not a host-sync step (console line, evaluation, last step), neither
+    rank turns a tensor into a Python value (.item(), .tolist(), .cpu(), bool(t), ...) nor runs a collective that
+    returns to the host (the preemption flag's broadcast, Lightning's SIGTERM broadcast, a barrier), in our code or
+    Lightning's; the host-sync steps do (the counter sees them)."""
+    out = tmp_path / "reads"
+    gloo.spawn(_rank_of_a_ddp_run, str(tmp_path / "run"), str(out))
+    for rank in range(2):
+        counts = {int(s): reads for s, reads in json.loads(Path(f"{out}.{rank}").read_text()).items()}
+        assert counts[4] and counts[6], counts  # the host-sync steps: the metrics' reduce and read, the broadcast
+        quiet = {s: reads for s, reads in counts.items() if s not in (4, 6, 8)}  # from the end of update 1 on
+        assert sorted(quiet) == [2, 3, 5, 7] and all(not reads for reads in quiet.values()), (rank, quiet)

@@ -145,8 +145,9 @@ def test_every_preemption_signal_gets_the_same_handler_for_the_run_and_the_old_o
 
     signums = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
     before = {s: signal.getsignal(s) for s in signums}
-    callback = PreemptionCheckpoint("unused", None)
-    callback.on_train_start(SimpleNamespace(global_step=0), None)
+    callback = PreemptionCheckpoint("unused", None, None, 0)
+    trainer = SimpleNamespace(global_step=0, fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace()))
+    callback.on_train_start(trainer, None)
     assert all(signal.getsignal(s) == callback._request for s in signums)
     callback.hand_over()  # not stopped: only restores
     assert {s: signal.getsignal(s) for s in signums} == before

@@ -151,8 +151,8 @@ def test_the_compiled_training_forward_is_one_graph_without_recompiles_across_up
     assert model.config.windows == [128, None] and model.config.ve_layers == [1]
     torch._dynamo.reset()
     counters.clear()
-    module = LanguageModel(model, cfg.optim, None, total_steps=10, compile_forward=True)
-    optimizer = MuonAdamW(build_param_groups(model, cfg.optim))
+    module = LanguageModel(model, cfg.optim, None, total_steps=10, compile=True)
+    optimizer = MuonAdamW(build_param_groups(model, cfg.optim, None, compiled=False))
     batch = torch.randint(0, 256, (2, 257))
     losses = []
     for _ in range(3):
@@ -300,8 +300,9 @@ def test_variance_reduction_keeps_the_norm_and_evens_the_rows():
 
 
 def muon_group(p, **kw):
-    return dict(dict(algorithm="muon", params=[p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5,
-                     ns_coefficients="polar_express", ns_dtype="float32", weight_decay=0.28), **kw)
+    return dict(dict(role="matrix", algorithm="muon", params=[p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5,
+                     ns_coefficients="polar_express", ns_dtype="float32", sharded=True, compiled=False,
+                     weight_decay=0.28, cautious_weight_decay=False, variance_reduction=False, beta2=0.9), **kw)
 
 
 def test_cautious_weight_decay_decays_only_where_update_and_weight_agree():
@@ -324,7 +325,7 @@ def test_cautious_weight_decay_decays_only_where_update_and_weight_agree():
 def test_a_skipped_update_leaves_the_stack_muon_state_exactly(variance_reduction):
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(8, 4))
-    opt = MuonAdamW([muon_group(w, cautious_weight_decay=True, variance_reduction=variance_reduction, beta2=0.9)])
+    opt = MuonAdamW([muon_group(w, cautious_weight_decay=True, variance_reduction=variance_reduction)])
     opt.found_inf = torch.zeros(())
     w.grad = torch.randn(8, 4)
     opt.step()
@@ -389,7 +390,7 @@ def test_stack_composes_and_sets_only_what_differs_from_classic():
         assert OmegaConf.select(classic, key) != OmegaConf.select(stack, key), f"{key} is the classic value"
     validate(stack)
     model = GPT(GPTConfig.of(typed(stack.model, ModelConfig), typed(stack.xsa, XSAConfig)))
-    groups = {g["role"]: g for g in build_param_groups(model, stack.optim)}
+    groups = {g["role"]: g for g in build_param_groups(model, stack.optim, None, compiled=False)}
     assert groups["unembedding"]["betas"] == (0.8, 0.96) and groups["unembedding"]["weight_decay"] == 0.01
     assert groups["x0_scalar"]["betas"] == (0.96, 0.95) and groups["resid_scalar"]["weight_decay"] == 0.05
     assert groups["smear_backout"]["lr"] == 0.2 and groups["smear_backout"]["betas"] == (0.8, 0.95)
@@ -420,4 +421,4 @@ def test_stack_settings_errors_name_the_fix(override, message):
 def test_warmup_longer_than_the_run_is_refused():
     w = torch.nn.Parameter(torch.randn(4, 4))
     with pytest.raises(ConfigError, match="shorten the warmup"):
-        OptimizerSchedule(MuonAdamW([muon_group(w)]), 100, 40, 0.65, 0.05, 0.85, 0.97, 400)
+        OptimizerSchedule(MuonAdamW([muon_group(w)]), 100, 40, 0.65, 0.05, 0.85, 0.97, 400, None, "constant")

@@ -61,7 +61,9 @@ def datamodule(cfg, cache, batch_size=BATCH, seed=0, rank=0, world_size=1):
     data = TextDataModule(cfg.data, SEQ, VOCAB, batch_size, seed, str(cache))
     data.prepare_data()
     data.setup()
-    data.trainer = SimpleNamespace(global_rank=rank, world_size=world_size)  # what train_dataloader reads
+    # what train_dataloader reads
+    data.trainer = SimpleNamespace(global_rank=rank, world_size=world_size,
+                                   strategy=SimpleNamespace(root_device=torch.device("cpu")))
     return data
 
 

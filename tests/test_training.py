@@ -339,54 +339,25 @@ def test_compiled_training_matches_eager_and_evaluates_eagerly(tmp_path):
         assert key != "train/loss" or compiled[0] == pytest.approx(eager[0], rel=1e-6)
 
 
-HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
-              torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.numpy}
-
-
-class CountHostReads(torch.overrides.TorchFunctionMode):
-    """Counts the conversions of a tensor to Python values: on a GPU each one waits for the device."""
-
-    def __init__(self):
-        super().__init__()
-        self.reads = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in HOST_READS:
-            self.reads.append(func.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def test_an_update_between_host_sync_steps_reads_nothing_from_the_device(tmp_path, monkeypatch):
     """From the end of one update's hooks to the end of the next one's, for every update that is not a host-sync
     step (console line, evaluation, checkpoint, last step): no tensor becomes a Python value, in our code or
     Lightning's. The host-sync steps do read (the test would see them), and the log still has every row."""
-    import lightning as L
-
     from tests.conftest import SMALL, compose_config
+    from tests.host_reads import HOST_COLLECTIVES, UpdateReads
     from xsa_exp.training import run as training
 
-    counts: dict[int, list[str]] = {}
-
-    class Counter(L.Callback):  # last: it sees everything the other callbacks do at the end of an update
-        mode = None
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            step = trainer.global_step
-            if self.mode is not None and step != self.step:
-                self.mode.__exit__(None, None, None)
-                counts[self.step + 1] = self.mode.reads
-                self.mode = None
-            if self.mode is None and not trainer.max_steps == step:
-                self.step, self.mode = step, CountHostReads()
-                self.mode.__enter__()
-
+    for name in HOST_COLLECTIVES:  # UpdateReads wraps them; the originals come back after the test
+        monkeypatch.setattr(torch.distributed, name, getattr(torch.distributed, name))
+    counter = UpdateReads()
     real_build = training.build_callbacks
-    monkeypatch.setattr(training, "build_callbacks", lambda *a: real_build(*a) + [Counter()])
+    monkeypatch.setattr(training, "build_callbacks", lambda *a: real_build(*a) + [counter])
     cfg = compose_config(*SMALL, "train.max_steps=12", "log.print_every=4", "eval.every=6", "eval.diag_every=0",
                          "train.grad_clip=1.0", "train.skip_nonfinite_steps=1")
     rows = [r for r in read_rows(train(cfg, tmp_path / "run")) if r["train/loss"]]
     assert [int(r["step"]) for r in rows] == list(range(1, 13))
     sync_steps = {4, 6, 8, 12}
+    counts = counter.counts
     assert all(counts[s] for s in sync_steps if s in counts)  # the counter sees the reads where there are some
     quiet = {s: reads for s, reads in counts.items() if s not in sync_steps}
     assert sorted(quiet) == [1, 2, 3, 5, 7, 9, 10, 11] and all(not reads for reads in quiet.values()), quiet

@@ -10,7 +10,7 @@
   SUBMITIT_LOCAL_* variables, so they are exported as torch's (LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...),
   which Lightning reads.
 - The CPUs a process may use are its affinity (what SLURM's cpus_per_task or taskset gave it), not
-  every core of the node.
+  every core of the node; ranks started without one share the node's CPUs equally (rank_cpus).
 - What a device can do and has used, for MFU and memory in the training log: its dense bf16 peak by
   name, its peak memory.
 """
@@ -55,6 +55,15 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def rank_cpus(local_ranks: int) -> int:
+    """CPUs for one of this node's `local_ranks` training processes: its affinity where the launcher bound it to fewer
+    CPUs than the node has (SLURM's cpus_per_task, taskset), else an equal share of them, so that ranks started
+    without an affinity (Lightning's launcher, torchrun) do not each tokenize with a thread per CPU of the node. (A
+    narrower affinity is taken as the rank's own; ranks that share one, a container's CPU set, each get all of it.)"""
+    cpus = available_cpus()
+    return cpus if cpus < (os.cpu_count() or cpus) else max(1, cpus // local_ranks)
 
 
 def peak_flops(device_name: str) -> float | None:

@@ -121,8 +121,8 @@ class MuonConfig:
     ns_steps: int = key(5, "Newton-Schulz iterations", ge=1)
     ns_coefficients: str = key("quintic", "Newton-Schulz polynomial", choices=("quintic", "polar_express"))
     ns_dtype: str = key("bfloat16", "Newton-Schulz dtype", choices=("bfloat16", "float32"))
-    sharded: bool = key(True, "under DDP, each rank orthogonalizes its share of the matrices, then broadcasts "
-                              "(the same update; no effect on one device)")
+    sharded: bool = key(True, "under DDP, each rank orthogonalizes its share of each shape of matrix, then one "
+                              "all_gather per shape (the same update; no effect on one device)")
     weight_decay: float = key(0.0, "Muon weight decay", ge=0)
     cautious_weight_decay: bool = key(False, "decay only where the update and the weight agree in sign, by the "
                                              "shape-adjusted lr (nanochat); false: every weight, by lr "
@@ -280,11 +280,13 @@ class TrainLoopConfig:
     grad_clip: float = key(0.0, "max global grad norm; 0 = off", ge=0)
     skip_nonfinite_steps: int = key(0, "non-finite updates skipped before the run stops; 0 = stop at the first", ge=0)
     compile: bool = key(False, "torch.compile the training forward as one graph (fullgraph: a graph break is an "
-                               "error); evaluations run eager")
+                               "error) and Muon's step (one graph per shape of matrix); evaluations run eager")
     cpu_threads: Optional[int] = key(None, "torch threads on CPU; null = torch's default (one per core); fp32 sums, "
                                      "and so results, depend on it", ge=1)
     peak_flops: Optional[float] = key(None, "one device's peak FLOP/s, for train/mfu; null = by CUDA device name "
                                       "(H100, H200, A100, B200 bf16 dense), no MFU on CPU", gt=0)
+    ddp_bucket_mb: int = key(25, "DDP's gradient buckets, in MB: each one all-reduced as soon as its gradients are "
+                                 "ready (BENCHMARKS.md, \"DDP\")", ge=1)
     checkpoint_every: int = key(0, "resumable checkpoint every N steps; 0 = final only", ge=0)
     keep_checkpoints: int = key(2, "newest periodic checkpoints kept", ge=1)
 

@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from xsa_exp.cluster import rank_cpus
 from xsa_exp.data.corpus import EMBEDDED_CORPORA
 from xsa_exp.data.packing import cut_rows, inputs_and_targets, pack_documents, packed_rows
 from xsa_exp.data.sft import conversation_rows, load_conversations
@@ -35,8 +36,9 @@ from xsa_exp.data.tokenizer import Tokenizer, char_budget, load_or_train_tokeniz
 
 class TextDataModule(L.LightningDataModule):
     def __init__(self, data_cfg, sequence_len: int, vocab_size: int, device_batch_size: int, seed: int, cache_dir: str,
-                 tokenizer_dir: Path | None = None):
-        """tokenizer_dir: use this trained tokenizer (a run's own copy) instead of the cache."""
+                 tokenizer_dir: Path | None = None, local_ranks: int = 1):
+        """tokenizer_dir: use this trained tokenizer (a run's own copy) instead of the cache; local_ranks: the training
+        processes on this node, which tokenize at the same time (each with its share of the CPUs)."""
         super().__init__()
         self.load_embedded = None  # an embedded corpus's splits, loaded when needed
         if data_cfg.name in EMBEDDED_CORPORA:
@@ -63,6 +65,7 @@ class TextDataModule(L.LightningDataModule):
         self.tokenizer_key = f"{data_cfg.name}-{fingerprint}{budget}-v{vocab_size}"
         self.tokenizer: Tokenizer | None = None
         self.tokenizer_dir = tokenizer_dir
+        self.cpus = rank_cpus(local_ranks)
         self.rows_consumed = 0  # global rows (all ranks) handed to training steps so far
         self.readers: list[int] | None = None  # a stream's [ranks, data loader workers per rank], once reading
 
@@ -86,6 +89,7 @@ class TextDataModule(L.LightningDataModule):
         else:
             self.tokenizer, self.tokenizer_dir = load_or_train_tokenizer(
                 self.cache_dir, self.tokenizer_key, self.vocab_size, self.tokenizer_texts)
+        self.tokenizer.threads = self.cpus
         if self.tokenizer.vocab_size != self.vocab_size:
             raise ValueError(f"tokenizer at {self.tokenizer_dir} has {self.tokenizer.vocab_size} tokens, "
                              f"model.vocab_size is {self.vocab_size}")
@@ -97,7 +101,8 @@ class TextDataModule(L.LightningDataModule):
         if self.corpus is None:
             self.setup_embedded(row_len)
             return
-        self.train_rows = StreamedRows(self.corpus, self.tokenizer, row_len, self.seed, self.data_cfg.shuffle_rows)
+        self.train_rows = StreamedRows(self.corpus, self.tokenizer, row_len, self.seed, self.data_cfg.shuffle_rows,
+                                       self.cpus)
         # Read on first use: how many rows depends on the caller (eval.val_tokens, evaluate.py's val_tokens).
         self.val_rows, self.val_complete = torch.empty(0, row_len, dtype=torch.int32), False
         # A unigram baseline would need the training tokens counted; a streamed corpus has no such pass.
@@ -154,7 +159,10 @@ class TextDataModule(L.LightningDataModule):
         if self.corpus is not None:
             self.check_readers([world_size, max(1, workers)])
         batches = RankBatches(self.train_rows, self.device_batch_size, rank, world_size, start_row=self.rows_consumed)
-        return DataLoader(batches, batch_size=None, num_workers=workers)
+        # Pinned on CUDA: Lightning copies each batch with non_blocking=True, which overlaps the copy with the device's
+        # work only from pinned memory (from pageable memory the host waits for the copy).
+        pin = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        return DataLoader(batches, batch_size=None, num_workers=workers, pin_memory=pin)
 
     def check_readers(self, readers: list[int]) -> None:
         """A stream's order depends on its readers (ranks x workers): a resumed run must keep them."""

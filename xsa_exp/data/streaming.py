@@ -32,7 +32,6 @@ from itertools import count, islice
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from xsa_exp.cluster import available_cpus
 from xsa_exp.data.packing import packed_rows
 from xsa_exp.data.sources import DataError, StreamedCorpus, read_documents
 from xsa_exp.data.tokenizer import Tokenizer
@@ -81,9 +80,11 @@ class EpochPermutations:
 class StreamedRows:
     """A streamed corpus's training files, each reader's share packed and shuffled through its own buffer."""
 
-    def __init__(self, corpus: StreamedCorpus, tokenizer: Tokenizer, row_len: int, seed: int, buffer_rows: int):
+    def __init__(self, corpus: StreamedCorpus, tokenizer: Tokenizer, row_len: int, seed: int, buffer_rows: int,
+                 cpus: int):
+        """cpus: the rank's share of the CPUs, which its data loader workers share."""
         self.corpus, self.tokenizer, self.row_len = corpus, tokenizer, row_len
-        self.seed, self.buffer_rows = seed, buffer_rows
+        self.seed, self.buffer_rows, self.cpus = seed, buffer_rows, cpus
 
     def epoch_rows(self, epoch: int, reader: int, readers: int) -> Iterator[torch.Tensor]:
         """One epoch of reader `reader` of `readers`: its share of the documents, packed and shuffled."""
@@ -113,9 +114,8 @@ class StreamedRows:
         consumed = start_row // (batch_size * world_size)  # batches each rank has consumed
         role = (worker + consumed) % workers
         done = len(range(role, consumed, workers))  # of those, made by this role's reader
-        # The DataLoader's workers share the CPUs the process may use (SLURM's cpus_per_task), each tokenizing
-        # its share.
-        self.tokenizer.threads = max(1, available_cpus() // workers)
+        # The DataLoader's workers share the rank's CPUs, each tokenizing its share.
+        self.tokenizer.threads = max(1, self.cpus // workers)
         rows = islice(self.reader_rows(rank * workers + role, world_size * workers), done * batch_size, None)
         while True:  # reader_rows never ends
             yield torch.stack(list(islice(rows, batch_size))).long()

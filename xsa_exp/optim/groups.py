@@ -5,10 +5,13 @@ from __future__ import annotations
 from xsa_exp.config.arithmetic import Transfer
 from xsa_exp.config.schema import OptimConfig
 from xsa_exp.model.gpt import ROLE_BY_NAME
+from xsa_exp.optim.muon_adamw import AdamWGroup, MuonGroup
 
 
-def build_param_groups(model, optim_cfg: OptimConfig, transfer: Transfer | None = None) -> list[dict]:
-    """transfer: nanochat's lr factor and Muon weight decay for this run (optim.nanochat_transfer), or None."""
+def build_param_groups(model, optim_cfg: OptimConfig, transfer: Transfer | None, compiled: bool) -> list[dict]:
+    """Every key of each group from the config (MuonGroup, AdamWGroup). transfer: nanochat's lr factor and Muon
+    weight decay for this run (optim.nanochat_transfer), or None; compiled: Muon's step as one torch.compile graph
+    per shape group (train.compile)."""
     width_scale = (model.config.n_embd / 768) ** -0.5 if optim_cfg.width_lr_scaling else 1.0
     adamw = optim_cfg.adamw
     groups = []
@@ -20,18 +23,19 @@ def build_param_groups(model, optim_cfg: OptimConfig, transfer: Transfer | None 
         if ROLE_BY_NAME[role].muon and optim_cfg.matrix_algorithm == "muon":
             muon = optim_cfg.muon
             weight_decay = muon.weight_decay if transfer is None else transfer.muon_weight_decay
-            groups.append(dict(role=role, algorithm="muon", params=params, lr=lr, momentum=float(muon.momentum),
-                               nesterov=bool(muon.nesterov), ns_steps=int(muon.ns_steps),
-                               ns_coefficients=str(muon.ns_coefficients), ns_dtype=str(muon.ns_dtype),
-                               sharded=bool(muon.sharded), weight_decay=float(weight_decay),
-                               cautious_weight_decay=bool(muon.cautious_weight_decay),
-                               variance_reduction=bool(muon.variance_reduction), beta2=float(muon.beta2)))
+            groups.append(MuonGroup(role=role, algorithm="muon", params=params, lr=lr, momentum=float(muon.momentum),
+                                    nesterov=bool(muon.nesterov), ns_steps=int(muon.ns_steps),
+                                    ns_coefficients=str(muon.ns_coefficients), ns_dtype=str(muon.ns_dtype),
+                                    sharded=bool(muon.sharded), compiled=compiled,
+                                    weight_decay=float(weight_decay),
+                                    cautious_weight_decay=bool(muon.cautious_weight_decay),
+                                    variance_reduction=bool(muon.variance_reduction), beta2=float(muon.beta2)))
             continue
         if ROLE_BY_NAME[role].width_scaled_lr:
             lr *= width_scale
         wd = float(adamw.role_weight_decay.get(
             role, adamw.matrix_weight_decay if ROLE_BY_NAME[role].muon else adamw.weight_decay))
         betas = tuple(float(b) for b in adamw.role_betas.get(role, adamw.betas))
-        groups.append(dict(role=role, algorithm="adamw", params=params, lr=lr, betas=betas,
-                           eps=float(adamw.eps), weight_decay=wd, fused=bool(adamw.fused)))
+        groups.append(AdamWGroup(role=role, algorithm="adamw", params=params, lr=lr, betas=betas,
+                                 eps=float(adamw.eps), weight_decay=wd, fused=bool(adamw.fused)))
     return groups

@@ -1,8 +1,16 @@
 """One optimizer for Muon (hidden matrices) and AdamW (everything else).
 
 Lightning's automatic optimization takes a single optimizer, so both algorithms live here as
-param groups tagged `algorithm: "muon" | "adamw"`. `step(closure)` calls the closure first, which
-is what lets Lightning run the forward/backward, gradient accumulation and clipping inside it.
+param groups tagged `algorithm: "muon" | "adamw"`, each with every key of MuonGroup or AdamWGroup (build_param_groups
+sets them from the config; nothing is defaulted here). `step(closure)` calls the closure first, which is what lets
+Lightning run the forward/backward, gradient accumulation and clipping inside it.
+
+Muon steps each shape group (the group's matrices of one shape) as a whole: eagerly (one matrix at a time on a CPU,
+stacked on a GPU), or, with `compiled`, as one torch.compile graph per shape group (momentum, Nesterov, Newton-Schulz,
+variance reduction, weight decay and the update: a few fused kernels instead of ~12 launches per matrix), whose
+hyperparameters are 0-D tensors so that the schedule's changing values never recompile it. Under DDP with `sharded`,
+each rank orthogonalizes a contiguous share of each shape group and one all_gather per shape group brings every rank
+all of its updates.
 
 A whole update is skipped when `found_inf` is set (a 0-dim tensor on the device, 1 for a non-finite
 loss or gradient, set by the training loop before each step, as torch's GradScaler does for fused
@@ -12,12 +20,20 @@ takes the flag in its kernel, so the step needs no host read; only the foreach A
 
 from __future__ import annotations
 
+import functools
 import math
-from collections import defaultdict
+import types
+import warnings
+from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
 from torch.optim.adamw import adamw
+
+# torch 2.13 renames all_gather_into_tensor to all_gather_single and warns; torch 2.11 (the GPU image's) has only it.
+warnings.filterwarnings("ignore", message="`torch.distributed.all_gather_into_tensor` is deprecated",
+                        category=FutureWarning)
 
 # Keller Jordan's quintic, maximising the slope at zero (same as torch.optim.Muon).
 QUINTIC_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -30,6 +46,40 @@ POLAR_EXPRESS_COEFFICIENTS = (
     (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
     (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
 )
+
+
+class MuonGroup(TypedDict):
+    """A Muon param group. Weight decay is decoupled: as torch.optim.Muon (the weights x (1 - lr wd)), or, cautious,
+    as nanochat (lr wd w subtracted only where the update and w agree in sign, with Muon's shape-adjusted lr)."""
+    role: str
+    algorithm: str  # "muon"
+    params: list
+    lr: float
+    momentum: float
+    nesterov: bool
+    ns_steps: int
+    ns_coefficients: str  # "quintic" | "polar_express"
+    ns_dtype: str  # "bfloat16" | "float32"
+    sharded: bool  # under DDP: each rank orthogonalizes its share of each shape group
+    compiled: bool  # one torch.compile graph per shape group
+    weight_decay: float
+    cautious_weight_decay: bool
+    variance_reduction: bool
+    beta2: float  # variance reduction's decay
+
+
+class AdamWGroup(TypedDict):
+    role: str
+    algorithm: str  # "adamw"
+    params: list
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    fused: bool  # torch's fused kernel (takes found_inf on the device); else its foreach path
+
+
+GROUP_KEYS = {"muon": MuonGroup.__required_keys__, "adamw": AdamWGroup.__required_keys__}
 
 
 def orthogonalize(g: torch.Tensor, ns_steps: int = 5, coefficients: str = "quintic",
@@ -84,22 +134,100 @@ def second_moment_shape(shape: torch.Size) -> tuple[int, int]:
     return (shape[0], 1) if shape[0] >= shape[1] else (1, shape[1])
 
 
+def shape_lr(lr: float, shape: torch.Size) -> float:
+    """Muon's lr for a matrix of this shape: x sqrt(rows / cols) for a tall one (torch.optim.Muon's 'original')."""
+    return lr * math.sqrt(max(1.0, shape[0] / shape[1]))
+
+
+# ---------------------------------------------------------------- the compiled step of one shape group
+# Stacked over the shape group's K matrices; the same operations, in the same order and dtypes, as the eager step,
+# so the two agree to fp32 rounding. Hyperparameters arrive as 0-D tensors, found_inf as the device's flag.
+
+def momentum_and_orthogonalize(grads: list[torch.Tensor], momenta: list[torch.Tensor], found_inf: torch.Tensor,
+                               momentum: torch.Tensor, momentum_weight: torch.Tensor, owned: tuple[int, int],
+                               chunk: int, nesterov: bool, ns_steps: int, ns_coefficients: str,
+                               ns_dtype: torch.dtype) -> torch.Tensor:
+    """Every momentum moves towards its gradient (in place; by momentum_weight = 1 - momentum, by 0 on a skipped
+    update, whose gradients count as zero); the owned matrices [lo, hi) are orthogonalized (zero on a skipped update)
+    and returned as a stack of `chunk`, zero-padded."""
+    keep = 1 - found_inf
+    grad = torch.stack(grads).masked_fill(found_inf.bool(), 0)
+    moment = torch.stack(momenta).lerp(grad, keep * momentum_weight)
+    for buffer, new in zip(momenta, moment.unbind(0)):
+        buffer.copy_(new)
+    lo, hi = owned
+    if hi == lo:  # more ranks than this shape's matrices: nothing of it here
+        return grad.new_zeros((chunk, *grad.shape[1:]), dtype=ns_dtype)
+    x = grad[lo:hi].lerp(moment[lo:hi], momentum) if nesterov else moment[lo:hi]
+    x = orthogonalize(x, ns_steps, ns_coefficients, ns_dtype) * keep
+    if hi - lo < chunk:
+        x = torch.cat([x, x.new_zeros((chunk - (hi - lo), *x.shape[1:]))])
+    return x
+
+
+def reduce_and_apply(updates: torch.Tensor, params: list[torch.Tensor], second_moments: list[torch.Tensor],
+                     found_inf: torch.Tensor, lr: torch.Tensor, decay: torch.Tensor, beta2_weight: torch.Tensor,
+                     cautious: bool) -> None:
+    """Variance reduction (where second_moments are given), weight decay and the update, in place. lr is the shape's;
+    decay is lr x wd (cautious) or 1 - lr x wd."""
+    keep = 1 - found_inf
+    if second_moments:
+        moment = torch.stack(second_moments)
+        updates = variance_reduce(updates, moment, keep * beta2_weight)
+        for buffer, new in zip(second_moments, moment.unbind(0)):
+            buffer.copy_(new)
+    weights = torch.stack(params)
+    if cautious:
+        weights = weights - decay * weights * (updates * weights >= 0) * keep
+    else:
+        weights = weights * torch.where(found_inf.bool(), 1.0, decay)
+    weights = weights - lr * updates.to(weights.dtype)  # a skipped update is 0 here
+    for p, new in zip(params, weights.unbind(0)):
+        p.copy_(new)
+
+
+def muon_shape_step(grads, momenta, params, second_moments, found_inf, momentum, momentum_weight, lr, decay,
+                    beta2_weight, nesterov, ns_steps, ns_coefficients, ns_dtype, cautious) -> None:
+    """The whole step of one shape group on one device."""
+    updates = momentum_and_orthogonalize(grads, momenta, found_inf, momentum, momentum_weight, (0, len(params)),
+                                         len(params), nesterov, ns_steps, ns_coefficients, ns_dtype)
+    reduce_and_apply(updates, params, second_moments, found_inf, lr, decay, beta2_weight, cautious)
+
+
+@functools.cache
+def compiled(fn, shape_group: tuple):
+    """fn compiled for one shape group (its shape, size, device and static arguments): one graph, fullgraph (a graph
+    break would split the step into eager pieces again). Dynamo keeps (and limits to 8) the graphs of one code object,
+    so each shape group gets a code object of its own: its graph is a first compile, never a recompile of another's."""
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    return torch.compile(own, fullgraph=True, dynamic=False)
+
+
+@dataclass
+class ShapeStep:
+    """One shape group between its orthogonalization and its update: the gather in flight under DDP."""
+    params: list[torch.Tensor]
+    updates: torch.Tensor | list[torch.Tensor]  # gathered (K x ..., padded) under DDP, else one per matrix
+    gather: dist.Work | None
+    key: tuple = ()  # compiled: the shape group's key, and the update's tensor arguments
+    hyper: tuple = ()
+
+
 class MuonAdamW(torch.optim.Optimizer):
-    """Param groups carry `algorithm`; Muon groups: lr, momentum, nesterov, ns_steps, ns_coefficients,
-    ns_dtype (optional, "bfloat16" by default), sharded (optional), weight_decay, variance_reduction and
-    beta2 (optional, off), cautious_weight_decay (optional, off); AdamW groups: lr, betas, eps, weight_decay,
-    fused (optional, False by default). Both use decoupled weight decay: Muon's as torch.optim.Muon (the weights
-    x (1 - lr wd)), or, cautious, as nanochat (lr wd w subtracted only where the update and w agree in sign, with
-    Muon's shape-adjusted lr)."""
+    """Param groups: MuonGroup or AdamWGroup, every key set."""
 
     def __init__(self, param_groups: list[dict]):
         for group in param_groups:
-            if group.get("algorithm") not in ("muon", "adamw"):
-                raise ValueError(f"param group {group.get('role')!r} needs algorithm 'muon' or 'adamw'")
+            if group["algorithm"] not in GROUP_KEYS:
+                raise ValueError(f"param group {group['role']!r} needs algorithm 'muon' or 'adamw'")
+            missing = GROUP_KEYS[group["algorithm"]] - group.keys()
+            if missing:
+                raise KeyError(f"param group {group['role']!r} lacks {', '.join(sorted(missing))}")
             if group["algorithm"] == "muon" and any(p.ndim != 2 for p in group["params"]):
-                raise ValueError(f"param group {group.get('role')!r}: Muon takes 2-D matrices only")
+                raise ValueError(f"param group {group['role']!r}: Muon takes 2-D matrices only")
         super().__init__(param_groups, defaults={})
         self.found_inf: torch.Tensor | None = None
+        self._hyper: dict[tuple, tuple[torch.Tensor, ...]] = {}  # the compiled step's hyperparameters
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -107,104 +235,157 @@ class MuonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # Muon first: under DDP its gathers travel while AdamW steps.
+        pending = [(group, shape_step) for group in self.param_groups if group["algorithm"] == "muon"
+                   for shape_step in self._muon_start(group)]
         for group in self.param_groups:
-            if group["algorithm"] == "muon":
-                self._muon_step(group)
-            else:
+            if group["algorithm"] == "adamw":
                 self._adamw_step(group)
+        for group, shape_step in pending:
+            self._muon_finish(group, shape_step)
         return loss
 
-    def _muon_step(self, group: dict) -> None:
-        lr, wd = group["lr"], group["weight_decay"]
-        variance_reduction, cautious = group.get("variance_reduction", False), group.get("cautious_weight_decay", False)
-        ns_dtype = getattr(torch, group.get("ns_dtype", "bfloat16"))
+    # ---------------------------------------------------------------- Muon
+
+    def _muon_start(self, group: dict) -> list[ShapeStep]:
+        """Momentum and orthogonalization of each shape group (this rank's share under sharding, gathered
+        asynchronously); the compiled step on one device does the whole update here."""
         params = [p for p in group["params"] if p.grad is not None]
-        # sharded: under torch.distributed each rank orthogonalizes every world_size-th matrix and
-        # broadcasts it; momentum (cheap) is still kept on every rank, so all states stay identical.
-        sharded = (group.get("sharded", False) and dist.is_available() and dist.is_initialized()
-                   and dist.get_world_size() > 1)
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            if group["variance_reduction"] and "second_moment" not in state:
+                state["second_moment"] = torch.zeros(second_moment_shape(p.shape), dtype=p.dtype, device=p.device)
+        sharded = group["sharded"] and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
+        by_shape: dict[torch.Size, list[torch.Tensor]] = {}
+        for p in params:
+            by_shape.setdefault(p.shape, []).append(p)
+        steps = []
+        for shape_params in by_shape.values():
+            # Rank r orthogonalizes the shape group's matrices [r chunk, (r + 1) chunk), padded to world x chunk.
+            chunk = -(-len(shape_params) // world)
+            owned = (min(rank * chunk, len(shape_params)), min((rank + 1) * chunk, len(shape_params)))
+            if group["compiled"]:
+                step = self._compiled_start(group, shape_params, owned, chunk, world)
+            else:
+                step = self._eager_start(group, shape_params, owned, chunk, world)
+            if step is not None:
+                steps.append(step)
+        return steps
+
+    def _muon_finish(self, group: dict, step: ShapeStep) -> None:
+        if step.gather is not None:
+            step.gather.wait()
+        if group["compiled"]:
+            compiled(reduce_and_apply, step.key)(step.updates[:len(step.params)], step.params,
+                                                 self._second_moments(step.params), *step.hyper,
+                                                 group["cautious_weight_decay"])
+            return
+        updates = list(step.updates[:len(step.params)].unbind(0)) if step.gather is not None else step.updates
+        if group["variance_reduction"]:
+            # after the gather, on every rank: the second moments stay identical everywhere
+            beta2_weight = 1 - group["beta2"] if self.found_inf is None else (1 - self.found_inf) * (1 - group["beta2"])
+            updates = self._variance_reduce(step.params, updates, beta2_weight)
+        self._apply(step.params, updates, group["lr"], group["weight_decay"], group["cautious_weight_decay"],
+                    None if self.found_inf is None else 1 - self.found_inf)
+
+    def _second_moments(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [self.state[p]["second_moment"] for p in params if "second_moment" in self.state[p]]
+
+    @staticmethod
+    def _gather(mine: torch.Tensor, world: int) -> tuple[torch.Tensor, dist.Work]:
+        """Every rank's share of a shape group, in rank order, in one collective (asynchronous)."""
+        gathered = torch.empty((world * mine.size(0), *mine.shape[1:]), dtype=mine.dtype, device=mine.device)
+        return gathered, dist.all_gather_into_tensor(gathered, mine, async_op=True)
+
+    def _compiled_start(self, group, params, owned, chunk, world) -> ShapeStep | None:
+        p = params[0]
+        found_inf = self.found_inf if self.found_inf is not None else torch.zeros((), device=p.device)
+        statics = (group["nesterov"], group["ns_steps"], group["ns_coefficients"], getattr(torch, group["ns_dtype"]))
+        key = (p.shape, len(params), str(p.device), owned, chunk, *statics, group["cautious_weight_decay"],
+               group["variance_reduction"])
+        # 0-D CPU tensors, one set per shape group (its lr is the shape's): their values change every update without
+        # recompiling, and the device reads them as kernel arguments (nanochat's way).
+        if key not in self._hyper:
+            self._hyper[key] = tuple(torch.zeros(()) for _ in range(5))
+        hyper = self._hyper[key]
+        lr, wd = shape_lr(group["lr"], p.shape), group["weight_decay"]
+        for t, value in zip(hyper, (group["momentum"], 1 - group["momentum"], lr,
+                                    lr * wd if group["cautious_weight_decay"] else 1 - group["lr"] * wd,
+                                    1 - group["beta2"])):
+            t.fill_(value)
+        momentum, momentum_weight, lr_t, decay, beta2_weight = hyper
+        grads = [q.grad for q in params]
+        momenta = [self.state[q]["momentum_buffer"] for q in params]
+        if world == 1:
+            compiled(muon_shape_step, key)(grads, momenta, params, self._second_moments(params), found_inf, momentum,
+                                           momentum_weight, lr_t, decay, beta2_weight, *statics,
+                                           group["cautious_weight_decay"])
+            return None
+        mine = compiled(momentum_and_orthogonalize, key)(grads, momenta, found_inf, momentum, momentum_weight, owned,
+                                                         chunk, *statics)
+        return ShapeStep(params, *self._gather(mine, world), key=key, hyper=(found_inf, lr_t, decay, beta2_weight))
+
+    def _eager_start(self, group, params, owned, chunk, world) -> ShapeStep:
         # On a skipped update the gradients count as zero and the momentum moves by a weight of 0 (so it is unchanged,
         # bit for bit); the update is multiplied by 0. Otherwise every value is what the unmasked step computes.
         keep = None if self.found_inf is None else 1 - self.found_inf
         skipped = None if keep is None else ~keep.bool()
-        updates: list[torch.Tensor | None] = [None] * len(params)
-        owned = self._update_momenta(group, params, keep, skipped, rank, world, updates, ns_dtype)
-        self._orthogonalize(group, params, owned, keep, updates, ns_dtype)
-        if sharded:  # broadcast sends raw memory: each matrix contiguous
-            updates = [u.contiguous() for u in updates]
-            for handle in [dist.broadcast(u, src=i % world, async_op=True) for i, u in enumerate(updates)]:
-                handle.wait()
-        if variance_reduction:  # after the broadcast, on every rank: the second moments stay identical everywhere
-            self._variance_reduce(params, updates, 1 - group["beta2"] if keep is None else keep * (1 - group["beta2"]))
-        self._apply(params, updates, lr, wd, cautious, keep)
-
-    def _update_momenta(self, group, params, keep, skipped, rank, world, updates, ns_dtype) -> dict:
-        """Each matrix's momentum from its gradient; returns the matrices this rank orthogonalizes, grouped (by
-        shape on a GPU), and leaves an empty update for each matrix another rank broadcasts."""
-        momentum, variance_reduction = group["momentum"], group.get("variance_reduction", False)
-        owned_by_shape = defaultdict(list)
-        for i, p in enumerate(params):
-            state = self.state[p]
-            if not state:
-                state["momentum_buffer"] = torch.zeros_like(p)
+        momentum = group["momentum"]
+        for p in params:
             if skipped is not None:  # in place: a skipped update's gradients count as zero
                 p.grad.masked_fill_(skipped, 0)
-            grad = p.grad
-            state["momentum_buffer"].lerp_(grad, 1 - momentum if keep is None else keep * (1 - momentum))
-            if variance_reduction and "second_moment" not in state:
-                state["second_moment"] = torch.zeros(second_moment_shape(p.shape), dtype=p.dtype, device=p.device)
-            if i % world == rank:
-                # Stacked by shape on a GPU (a few batched Newton-Schulz instead of one per matrix: fewer, larger
-                # kernels); one matrix at a time on a CPU, where it measured faster (BENCHMARKS.md).
-                owned_by_shape[p.shape if p.is_cuda else i].append((i, grad))
-            else:
-                updates[i] = torch.empty(p.shape, dtype=ns_dtype, device=p.device)
-        return owned_by_shape
-
-    def _orthogonalize(self, group, params, owned_by_shape, keep, updates, ns_dtype) -> None:
-        momentum = group["momentum"]
-        for owned in owned_by_shape.values():
-            bufs = [self.state[params[i]]["momentum_buffer"] for i, _ in owned]
-            momenta = [grad.lerp(buf, momentum) if group["nesterov"] else buf for (_, grad), buf in zip(owned, bufs)]
-            stacked = len(momenta) > 1
-            orthogonal = orthogonalize(torch.stack(momenta) if stacked else momenta[0], group["ns_steps"],
-                                       group["ns_coefficients"], ns_dtype)
+            self.state[p]["momentum_buffer"].lerp_(p.grad, 1 - momentum if keep is None else keep * (1 - momentum))
+        lo, hi = owned
+        bufs = [self.state[p]["momentum_buffer"] for p in params[lo:hi]]
+        momenta = [p.grad.lerp(buf, momentum) if group["nesterov"] else buf for p, buf in zip(params[lo:hi], bufs)]
+        ns = (group["ns_steps"], group["ns_coefficients"], getattr(torch, group["ns_dtype"]))
+        # Stacked on a GPU (a few batched Newton-Schulz instead of one per matrix: fewer, larger kernels); one
+        # matrix at a time on a CPU, where it measured faster (BENCHMARKS.md).
+        if params[0].is_cuda and len(momenta) > 1:
+            orthogonal = orthogonalize(torch.stack(momenta), *ns)
             if keep is not None:
                 orthogonal.mul_(keep)
-            for (i, _), update in zip(owned, orthogonal.unbind(0) if stacked else [orthogonal]):
-                updates[i] = update
+            updates = list(orthogonal.unbind(0))
+        else:
+            updates = [orthogonalize(m, *ns) for m in momenta]
+            if keep is not None:
+                for update in updates:
+                    update.mul_(keep)
+        if world == 1:
+            return ShapeStep(params, updates, None)
+        padding = [torch.zeros(params[0].shape, dtype=ns[2], device=params[0].device)] * (chunk - len(updates))
+        return ShapeStep(params, *self._gather(torch.stack(updates + padding), world))
 
     @staticmethod
     def _apply(params, updates, lr, wd, cautious, keep) -> None:
         """Weight decay (cautious: only where the update and the weight agree in sign) and the update, at the
         matrix's shape-scaled lr."""
         for p, update in zip(params, updates):
-            shape_lr = lr * math.sqrt(max(1.0, p.size(0) / p.size(1)))
+            lr_p = shape_lr(lr, p.shape)
             if wd and cautious:
-                decay = (shape_lr * wd) * p * (update * p >= 0)
+                decay = (lr_p * wd) * p * (update * p >= 0)
                 p.sub_(decay if keep is None else decay * keep)
             elif wd:
                 p.mul_(1 - lr * wd if keep is None else torch.where(keep.bool(), 1 - lr * wd, 1.0))
-            p.add_(update.to(p.dtype), alpha=-shape_lr)
+            p.add_(update.to(p.dtype), alpha=-lr_p)
 
-    def _variance_reduce(self, params: list[torch.Tensor], updates: list[torch.Tensor], new_weight) -> None:
-        by_shape = defaultdict(list)  # stacked by shape on a GPU, as the orthogonalization
-        for i, p in enumerate(params):
-            by_shape[p.shape if p.is_cuda else i].append(i)
-        for indices in by_shape.values():
-            moments = [self.state[params[i]]["second_moment"] for i in indices]
-            if len(indices) == 1:
-                updates[indices[0]] = variance_reduce(updates[indices[0]], moments[0], new_weight)
-                continue
-            moment = torch.stack(moments)
-            reduced = variance_reduce(torch.stack([updates[i] for i in indices]), moment, new_weight)
-            torch._foreach_copy_(moments, list(moment.unbind(0)))
-            for i, update in zip(indices, reduced.unbind(0)):
-                updates[i] = update
+    def _variance_reduce(self, params: list[torch.Tensor], updates: list[torch.Tensor], new_weight) -> list:
+        """Stacked on a GPU, as the orthogonalization; one matrix at a time on a CPU."""
+        moments = [self.state[p]["second_moment"] for p in params]
+        if not (params[0].is_cuda and len(params) > 1):
+            return [variance_reduce(u, m, new_weight) for u, m in zip(updates, moments)]
+        moment = torch.stack(moments)
+        reduced = variance_reduce(torch.stack(updates), moment, new_weight)
+        torch._foreach_copy_(moments, list(moment.unbind(0)))
+        return list(reduced.unbind(0))
+
+    # ---------------------------------------------------------------- AdamW
 
     def _adamw_step(self, group: dict) -> None:
-        fused = group.get("fused", False)
+        fused = group["fused"]
         if not fused and self.found_inf is not None and self.found_inf.item():
             return  # the foreach path cannot take the flag on the device
         params = [p for p in group["params"] if p.grad is not None]

@@ -26,7 +26,7 @@ class OptimizerSchedule(torch.optim.lr_scheduler.LRScheduler):
 
     def __init__(self, optimizer, total_steps: int, warmup_steps: int, warmdown_frac: float, final_lr_frac: float,
                  momentum_start: float, momentum_end: float, momentum_warmup_steps: int,
-                 momentum_warmdown: float | None = None, weight_decay_schedule: str = "constant"):
+                 momentum_warmdown: float | None, weight_decay_schedule: str):
         self.total_steps = total_steps
         self.warmup_steps = warmup_steps
         self.warmdown_steps = check_schedule(total_steps, warmup_steps, warmdown_frac)

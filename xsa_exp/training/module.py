@@ -18,14 +18,15 @@ from xsa_exp.run_dir import checkpoint_meta
 
 class LanguageModel(L.LightningModule):
     def __init__(self, model: GPT, optim_cfg: OptimConfig, transfer: Transfer | None, total_steps: int,
-                 run_config: dict | None = None, max_skipped_steps: int = 0, compile_forward: bool = False):
+                 run_config: dict | None = None, max_skipped_steps: int = 0, compile: bool = False):
         super().__init__()
         self.model = model
-        # Only the training forward is compiled (one shape, one graph); evaluations call the eager model, whose
-        # shapes change from batch to batch (CORE's examples, the last validation batch) and would recompile.
-        # fullgraph: a graph break (a torch version that cannot trace a call) fails here instead of silently
-        # splitting the forward into graphs and eager Python between them.
-        self.train_forward = torch.compile(model.forward, fullgraph=True) if compile_forward else model.forward
+        # Compiled: the training forward (one shape, one graph) and Muon's step (one graph per shape group).
+        # Evaluations call the eager model, whose shapes change from batch to batch (CORE's examples, the last
+        # validation batch) and would recompile. fullgraph: a graph break (a torch version that cannot trace a call)
+        # fails here instead of silently splitting the forward into graphs and eager Python between them.
+        self.compiled = compile
+        self.train_forward = torch.compile(model.forward, fullgraph=True) if compile else model.forward
         self.optim_cfg, self.transfer = optim_cfg, transfer
         self.total_steps = total_steps
         self.run_config = run_config
@@ -99,7 +100,7 @@ class LanguageModel(L.LightningModule):
                        f"({self.skipped_steps} of train.skip_nonfinite_steps={self.max_skipped_steps})")
 
     def configure_optimizers(self):
-        optimizer = MuonAdamW(build_param_groups(self.model, self.optim_cfg, self.transfer))
+        optimizer = MuonAdamW(build_param_groups(self.model, self.optim_cfg, self.transfer, self.compiled))
         muon, schedule = self.optim_cfg.muon, self.optim_cfg.schedule
         scheduler = OptimizerSchedule(
             optimizer, self.total_steps, schedule.warmup_steps, schedule.warmdown_frac, schedule.final_lr_frac,

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from xsa_exp import run_dir as rd
 from xsa_exp.training.checkpoints import remove_untracked_step_checkpoints
-from xsa_exp.training.metrics_log import TrainMetrics
+from xsa_exp.training.metrics_log import HostSync, TrainMetrics
 
 
 def preemption_signals() -> tuple[signal.Signals, ...]:
@@ -29,14 +29,15 @@ class PreemptionCheckpoint(L.Callback):
 
     The handlers are ours from the start of training (replacing Lightning's SIGTERM handler, which would
     broadcast from inside a signal handler); before that the previous ones act at once, since there is
-    no progress to save yet. Under DDP rank 0's signal is broadcast at every update, so every rank stops
-    after the same update and none is left waiting in a collective. On one device the check reads only a Python
-    flag; under DDP the broadcast is a host sync at every update (as is Lightning's own SIGTERM broadcast there),
-    which keeps the time from the signal to the checkpoint at one update: a time limit gives a fixed warning time.
+    no progress to save yet. On one device the flag, a Python value, is read after every update. Under DDP rank 0's
+    flag is broadcast at host-sync steps only (HostSync: console lines, evaluations, checkpoints), which read the
+    device anyway, so every rank stops after the same update, none is left waiting in a collective, and the updates
+    in between never wait for the host; the signal reaches the checkpoint up to log.print_every updates later (and
+    Lightning's own SIGTERM broadcast before every micro-batch, whose flag our handlers never set, is turned off).
     """
 
-    def __init__(self, run_dir, metrics: TrainMetrics, checkpoint_every: int = 0):
-        self.run_dir, self.metrics, self.checkpoint_every = run_dir, metrics, checkpoint_every
+    def __init__(self, run_dir, metrics: TrainMetrics, sync: HostSync, checkpoint_every: int):
+        self.run_dir, self.metrics, self.sync, self.checkpoint_every = run_dir, metrics, sync, checkpoint_every
         self.received: signal.Signals | None = None
         self.stopped_at: int | None = None
         # Made before the Trainer, so these are the launcher's handlers (submitit's), not Lightning's.
@@ -49,6 +50,9 @@ class PreemptionCheckpoint(L.Callback):
         self.last_step = trainer.global_step
         for signum in self.previous:
             signal.signal(signum, self._request)
+        # Lightning (since its PR #20825) broadcasts its SIGTERM flag and reads it back before every micro-batch under
+        # DDP: a host sync each time, for a flag that our handlers, which replaced Lightning's, never set.
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -57,6 +61,8 @@ class PreemptionCheckpoint(L.Callback):
         self.last_step = step
         received = self.received.value if self.received else 0
         if trainer.world_size > 1:
+            if not self.sync.due(step, trainer.max_steps):
+                return
             received = trainer.strategy.broadcast(received, src=0)
         if received and step < trainer.max_steps:
             self.received = signal.Signals(received)

@@ -10,6 +10,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
@@ -37,6 +38,7 @@ from xsa_exp.run_dir import LoadedRun, RunError, load_trained
 from xsa_exp.run_lock import LockLost
 from xsa_exp.training.checkpoints import PeriodicCheckpoint, RunDirCheckpointIO, remove_untracked_step_checkpoints
 from xsa_exp.training.evaluations import AttentionDiagnostics, CoreEvaluation, ValidationBPB
+from xsa_exp.training.host import FrozenGC, use_expandable_segments
 from xsa_exp.training.metrics_log import HostSync, RunCSVLogger, TrainMetrics, UpdateClock
 from xsa_exp.training.module import LanguageModel
 from xsa_exp.training.preemption import PreemptionCheckpoint
@@ -129,6 +131,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     The run holds the run directory's lock from before its first write to its end (training/sole_writer.py)."""
     quiet_libraries()
     export_submitit_local_ranks()
+    if accelerator_is_cuda(cfg.trainer):
+        use_expandable_segments()  # before anything initialises CUDA
     run_dir = Path(run_dir).resolve()
     with RunDirWriter(run_dir) as writer:
         return train_as_writer(cfg, run_dir, writer)
@@ -146,7 +150,8 @@ def train_as_writer(cfg: DictConfig, run_dir: Path, writer: RunDirWriter) -> Pat
     model = GPT(GPTConfig.of(settings.model, settings.xsa))
     base = load_base_run(cfg, model)
     datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size, cfg.train.device_batch_size,
-                                cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER)
+                                cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER,
+                                local_ranks=world_size(cfg.trainer) // cfg.trainer.num_nodes)
     arm = Arm.run_keys_of(cfg)
     transfer = nanochat_transfer(cfg)
     run = describe_run(cfg, run_dir, model, max_steps(cfg, datamodule), base, arm, transfer)
@@ -166,7 +171,7 @@ def train_as_writer(cfg: DictConfig, run_dir: Path, writer: RunDirWriter) -> Pat
     prepare(model, run["precision"])
     module = LanguageModel(model, settings.optim, transfer, run["max_steps"],
                            OmegaConf.to_container(cfg, resolve=True), cfg.train.skip_nonfinite_steps,
-                           compile_forward=cfg.train.compile)
+                           compile=cfg.train.compile)
     loggers = build_loggers(cfg, run_dir, arm, run.get("wandb_id"))
     callbacks = build_callbacks(cfg, run_dir, model, writer)
     trainer = build_trainer(cfg, run, loggers, callbacks)
@@ -231,11 +236,26 @@ def describe_run(cfg: DictConfig, run_dir: Path, model: GPT, max_steps: int, bas
                                            "step": base.step})
 
 
+def build_strategy(cfg: DictConfig) -> str | DDPStrategy:
+    """trainer.strategy, Lightning's DDP (ddp, its variants, or auto on several devices) tuned for these models:
+    gradients are views into DDP's buckets (no copy between them, one gradient's memory less), buffers are not
+    broadcast before every forward (the model's only buffers are its RoPE tables, the same on every rank), and the
+    buckets are train.ddp_bucket_mb."""
+    name = cfg.trainer.strategy
+    if name not in ("ddp", "ddp_spawn", "ddp_find_unused_parameters_true") and not (
+            name == "auto" and world_size(cfg.trainer) > 1):
+        return name
+    return DDPStrategy(start_method="spawn" if name == "ddp_spawn" else "popen",
+                       find_unused_parameters=name == "ddp_find_unused_parameters_true",
+                       gradient_as_bucket_view=True, broadcast_buffers=False, bucket_cap_mb=cfg.train.ddp_bucket_mb)
+
+
 def build_trainer(cfg: DictConfig, run: dict, loggers: list, callbacks: list) -> L.Trainer:
     # conf/trainer/ is passed to the Trainer as it is (precision "auto" resolved in run.json, bf16-compute as the
-    # 32-true it is to Lightning); the rest is the run's.
+    # 32-true it is to Lightning, DDP tuned); the rest is the run's.
     trainer = L.Trainer(
-        **{**OmegaConf.to_container(cfg.trainer, resolve=True), "precision": lightning_precision(run["precision"])},
+        **{**OmegaConf.to_container(cfg.trainer, resolve=True), "precision": lightning_precision(run["precision"]),
+           "strategy": build_strategy(cfg)},
         max_steps=run["max_steps"], accumulate_grad_batches=run["grad_accumulation"],
         plugins=[*cluster_plugins(), RunDirCheckpointIO()], gradient_clip_val=cfg.train.grad_clip or None,
         logger=loggers, callbacks=callbacks,
@@ -245,6 +265,8 @@ def build_trainer(cfg: DictConfig, run: dict, loggers: list, callbacks: list) ->
     # the checkpoints a resumed run continues from.
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
     warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+    # torch 2.13 renames broadcast_buffers forward_sync_buffers; torch 2.11 (the GPU image's) has only the old name.
+    warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated")
     return trainer
 
 
@@ -305,7 +327,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT, writer: RunDirWr
                  CoreEvaluation(e.core_every, tokens, bundle, e.core_max_per_task)]
     if cfg.train.checkpoint_every > 0:
         callbacks.append(PeriodicCheckpoint(run_dir, cfg.train.checkpoint_every, cfg.train.keep_checkpoints, clock))
-    callbacks += [PreemptionCheckpoint(run_dir, metrics, cfg.train.checkpoint_every), clock]
+    callbacks += [PreemptionCheckpoint(run_dir, metrics, sync, cfg.train.checkpoint_every), FrozenGC(), clock]
     return callbacks
 
 
