@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from xsa_exp.config.schema import SampleDataConfig, WikiDataConfig
 from xsa_exp.data.datamodule import TextDataModule, unigram_bits_per_byte
 from xsa_exp.data.packing import cut_rows, pack_documents, packed_rows
 from xsa_exp.data.streaming import EpochPermutations, buffer_shuffle
@@ -169,7 +169,7 @@ def _digest(t: torch.Tensor) -> str:
 @pytest.mark.parametrize("sizes", list(SAMPLE_BEFORE), ids=["test-preset", "tiny"])
 def test_sample_corpus_gives_the_same_batches_as_before(sizes, cache_dir):
     sequence_len, vocab_size, batch_size = sizes
-    data = TextDataModule(OmegaConf.create({"name": "sample", "tokenizer_chars": None}), sequence_len, vocab_size,
+    data = TextDataModule(SampleDataConfig(), sequence_len, vocab_size,
                           batch_size, 42, str(cache_dir))
     data.prepare_data()
     data.setup()
@@ -187,11 +187,11 @@ def test_sample_corpus_gives_the_same_batches_as_before(sizes, cache_dir):
 
 QUIET_THEN_SAMPLE_RUN = """
 import sys, tempfile
-from omegaconf import OmegaConf
+from xsa_exp.config.schema import SampleDataConfig
 from xsa_exp.console import quiet_libraries
 from xsa_exp.data.datamodule import TextDataModule
 quiet_libraries()
-data = TextDataModule(OmegaConf.create({"name": "sample", "tokenizer_chars": None}), 64, 512, 4, 42, sys.argv[1])
+data = TextDataModule(SampleDataConfig(), 64, 512, 4, 42, sys.argv[1])
 data.prepare_data(); data.setup(); next(iter(data.train_dataloader()))
 assert "datasets" not in sys.modules, "the embedded corpus imported datasets"
 import datasets
@@ -305,7 +305,7 @@ def test_wiki_corpus_without_its_package_is_refused_in_one_line_naming_the_fix(m
 
 def test_wiki_corpus_trains_its_own_cached_tokenizer_and_packs_in_memory(cache_dir):
     def datamodule(seed):
-        data = TextDataModule(OmegaConf.create({"name": "wiki", "tokenizer_chars": None}), 64, 512, 4, seed,
+        data = TextDataModule(WikiDataConfig(), 64, 512, 4, seed,
                               str(cache_dir))
         data.prepare_data()
         data.setup()

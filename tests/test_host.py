@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from xsa_exp.config.schema import SampleDataConfig
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.training.host import ALLOCATOR_VARIABLES, FrozenGC, use_expandable_segments
 
@@ -49,7 +49,7 @@ def test_the_collector_is_frozen_after_the_first_update_and_thawed_at_the_end():
 def test_batches_are_pinned_on_cuda_and_each_rank_tokenizes_with_its_share(monkeypatch, cache_dir, device):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    data = TextDataModule(OmegaConf.create({"name": "sample", "tokenizer_chars": None}), 64, 512, 4, 42,
+    data = TextDataModule(SampleDataConfig(), 64, 512, 4, 42,
                           str(cache_dir), local_ranks=4)
     data.prepare_data()
     data.setup()

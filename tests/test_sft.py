@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from tests.conftest import REPO, SMALL, compose_config
 from tests.test_core import REAL_BUNDLE as BUNDLE
 from xsa_exp.config.checks import validate
-from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
+from xsa_exp.config.schema import ModelConfig, XSAConfig, data_settings, typed
 from xsa_exp.data.chat import render_conversation
 from xsa_exp.data.conversations import gsm8k_conversation, mmlu_conversation
 from xsa_exp.data.packing import inputs_and_targets
@@ -82,10 +82,10 @@ def test_packed_rows_train_only_assistant_tokens(tokenizer):
 
 
 def test_conversations_load_through_datasets_from_local_files():
-    data = compose_config(*SMALL, "stage=sft", "init_from=x", *SFT_DATA).data
+    data = data_settings(compose_config(*SMALL, "stage=sft", "init_from=x", *SFT_DATA).data)
     conversations, counts = load_conversations(data, "train_sources")
     assert counts == {"smoltalk": 24, "mmlu_auxiliary": 8, "gsm8k": 6} and len(conversations) == 38
-    data.train_sources.gsm8k.max_rows = 2
+    data.train_sources["gsm8k"].max_rows = 2
     assert load_conversations(data, "train_sources")[1]["gsm8k"] == 2
 
 
@@ -100,7 +100,7 @@ def test_hub_sources_offline_name_the_local_fix(base_run, monkeypatch):
     # ... and the loader says the same to anyone calling it directly
     with pytest.raises(DataError, match=r"hub dataset HuggingFaceTB/smol-smoltalk .* HF_HUB_OFFLINE is set; set "
                                         r"data.train_sources.smoltalk.data_files"):
-        load_conversations(cfg.data, "train_sources")
+        load_conversations(data_settings(cfg.data), "train_sources")
 
 
 def test_rows_that_do_not_fit_the_format_are_one_clear_error(tmp_path):
@@ -108,6 +108,7 @@ def test_rows_that_do_not_fit_the_format_are_one_clear_error(tmp_path):
     bad.write_text(json.dumps({"text": "no messages here"}) + "\n")
     data = compose_config(*SMALL, "stage=sft", "init_from=x", *SFT_DATA,
                           f"data.train_sources.smoltalk.data_files={bad}").data
+    data = data_settings(data)
     with pytest.raises(DataError, match=r"data.train_sources.smoltalk: a row does not fit format=messages "
                                         r".* columns are text"):
         load_conversations(data, "train_sources")
@@ -119,6 +120,7 @@ def test_a_malformed_line_of_chat_data_is_named_as_an_editor_numbers_it(tmp_path
     bad.write_text("\n".join([good] * 17 + ['{"messages": [}'] + [good] * 3) + "\n")
     data = compose_config(*SMALL, "stage=sft", "init_from=x", *SFT_DATA,
                           f"data.train_sources.smoltalk.data_files={bad}").data
+    data = data_settings(data)
     with pytest.raises(DataError) as e:
         load_conversations(data, "train_sources")
     assert str(e.value) == (f"cannot load {bad}: line 18 is not valid JSON (Expecting value at column 15); correct it, "
@@ -187,7 +189,7 @@ def test_sft_stage_trains_one_epoch_of_the_mixture_and_records_its_base(base_run
     info = json.loads((run / "run.json").read_text())
     assert info["stage"] == "sft" and info["init_from"]["run"] == str(base_run) and info["init_from"]["step"] == 2
     # one epoch: every packed row once (rows x sequence_len tokens, in whole updates of 512 tokens)
-    conversations, _ = load_conversations(cfg.data, "train_sources")
+    conversations, _ = load_conversations(data_settings(cfg.data), "train_sources")
     rows = conversation_rows(Tokenizer.load(base_run / "tokenizer"), conversations, 65, cfg.seed)
     assert info["max_steps"] == len(rows) * 64 // 512 > 1
     assert (run / "status.json").read_text().count("completed") == 1

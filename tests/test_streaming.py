@@ -19,6 +19,7 @@ import torch
 
 from tests.conftest import REPO, compose_config
 from xsa_exp.config.checks import validate
+from xsa_exp.config.schema import data_settings
 from xsa_exp.data import sources
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.data.packing import packed_rows
@@ -58,7 +59,7 @@ def climbmix_cfg(mirror, *overrides):
 
 
 def datamodule(cfg, cache, batch_size=BATCH, seed=0, rank=0, world_size=1):
-    data = TextDataModule(cfg.data, SEQ, VOCAB, batch_size, seed, str(cache))
+    data = TextDataModule(data_settings(cfg.data), SEQ, VOCAB, batch_size, seed, str(cache))
     data.prepare_data()
     data.setup()
     # what train_dataloader reads
@@ -125,7 +126,7 @@ def test_climbmix_mirror_trains_the_tokenizer_within_the_char_budget(mirror, tmp
     again = datamodule(climbmix_cfg(mirror, "data.tokenizer_chars=5000"), tmp_path)
     assert again.tokenizer_dir == data.tokenizer_dir
     # The key names the corpus (its training shards), the budget and the vocabulary.
-    keys = {TextDataModule(climbmix_cfg(mirror, *o).data, SEQ, v, BATCH, 0, str(tmp_path)).tokenizer_key
+    keys = {TextDataModule(data_settings(climbmix_cfg(mirror, *o).data), SEQ, v, BATCH, 0, str(tmp_path)).tokenizer_key
             for o, v in [(["data.tokenizer_chars=5000"], VOCAB),
                          (["data.tokenizer_chars=5000", "data.num_train_shards=2"], VOCAB),
                          (["data.tokenizer_chars=6000"], VOCAB), (["data.tokenizer_chars=5000"], 301)]}
@@ -286,7 +287,7 @@ def test_lightning_checkpoint_resumes_the_data_exactly(mirror, cache, tmp_path):
     cfg = climbmix_cfg(mirror, "data.num_workers=1")
 
     def fit(max_steps, ckpt_path=None):
-        module, data = Recorder(), TextDataModule(cfg.data, SEQ, VOCAB, BATCH, 0, str(cache))
+        module, data = Recorder(), TextDataModule(data_settings(cfg.data), SEQ, VOCAB, BATCH, 0, str(cache))
         trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, accumulate_grad_batches=2, logger=False,
                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                             limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=str(tmp_path))
@@ -316,7 +317,7 @@ def test_offline_without_a_mirror_is_one_line_naming_the_url_and_the_fix(variabl
     assert "https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle" in message
     assert "data.local_dir" in message and f"unset {variable}" in message
     with pytest.raises(DataError) as e:
-        TextDataModule(cfg.data, SEQ, VOCAB, BATCH, 0, "/nonexistent")
+        TextDataModule(data_settings(cfg.data), SEQ, VOCAB, BATCH, 0, "/nonexistent")
     assert one_line(e) == message
 
 
@@ -334,7 +335,8 @@ def test_a_partial_mirror_is_one_line_naming_the_missing_file_and_the_fix(mirror
         validate(climbmix_cfg(tmp_path / "nowhere"))
     assert f"data.local_dir={tmp_path / 'nowhere'} is not a directory" in one_line(e)
     # Without the config check (evaluate.py, or a file removed since), reading fails the same way.
-    data = TextDataModule(climbmix_cfg(tmp_path, "data.num_train_shards=2").data, SEQ, VOCAB, BATCH, 0, str(tmp_path))
+    data = TextDataModule(data_settings(climbmix_cfg(tmp_path, "data.num_train_shards=2").data), SEQ, VOCAB, BATCH, 0,
+                          str(tmp_path))
     with pytest.raises(DataError) as e:
         data.prepare_data()
     message = one_line(e)
@@ -368,7 +370,8 @@ def test_local_jsonl_corpus_reads_the_configured_field_and_holds_out_the_last_fi
     val_text = decoded(data, data.validation_rows(10).long())
     assert VAL_MARK in val_text and TRAIN_MARK not in val_text
 
-    bad = TextDataModule(compose_config("data=local", f"data.path={tmp_path}").data, SEQ, VOCAB, BATCH, 0, str(cache))
+    local = data_settings(compose_config("data=local", f"data.path={tmp_path}").data)
+    bad = TextDataModule(local, SEQ, VOCAB, BATCH, 0, str(cache))
     with pytest.raises(DataError) as e:
         bad.prepare_data()
     assert one_line(e) == (f"data.text_column='text' is not a column of {tmp_path}/a.jsonl (it has id, body, note); "

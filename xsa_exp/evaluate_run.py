@@ -17,6 +17,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp import run_dir as rd
+from xsa_exp.config.schema import data_settings
 from xsa_exp.console import quiet_libraries, wandb_offline
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.errors import UserError
@@ -104,8 +105,8 @@ def evaluate(cfg: DictConfig) -> Path | None:
 def validation_data(run: LoadedRun) -> TextDataModule:
     """The run's validation split, through its own tokenizer."""
     c = run.config
-    data = TextDataModule(c.data, c.model.sequence_len, c.model.vocab_size, c.train.device_batch_size, c.seed,
-                          c.cache_dir, tokenizer_dir=run.run_dir / TOKENIZER)
+    data = TextDataModule(data_settings(c.data), c.model.sequence_len, c.model.vocab_size, c.train.device_batch_size,
+                          c.seed, c.cache_dir, tokenizer_dir=run.run_dir / TOKENIZER)
     data.setup("validate")
     return data
 

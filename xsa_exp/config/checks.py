@@ -58,7 +58,7 @@ def validate(cfg: DictConfig) -> None:
     check_stage(cfg)
     from xsa_exp.data.sources import check_data_config
 
-    check_data_config(cfg.data)  # a DataError: the data settings cannot be read
+    check_data_config(schema.data_settings(cfg.data))  # a DataError: the data settings cannot be read
     check_packages(cfg)
 
 

@@ -392,6 +392,11 @@ DATA_SCHEMAS = {"sample": SampleDataConfig, "wiki": WikiDataConfig, "climbmix": 
                 "local": LocalDataConfig, "sft": SftDataConfig}
 
 
+def data_settings(node) -> DataConfig:
+    """The typed settings of a `data` node, by the option's own schema (DATA_SCHEMAS)."""
+    return typed(node, DATA_SCHEMAS[node.name])
+
+
 def register() -> None:
     """The one start-up point, called by hydra_plugins/xsa_exp_schema whenever Hydra starts (an entry point or the
     compose API): the schema into Hydra's ConfigStore, and the resolvers conf/ uses."""

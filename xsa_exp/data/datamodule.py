@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from xsa_exp.cluster import rank_cpus
+from xsa_exp.config.schema import DataConfig
 from xsa_exp.data.corpus import EMBEDDED_CORPORA
 from xsa_exp.data.packing import cut_rows, inputs_and_targets, pack_documents, packed_rows
 from xsa_exp.data.sft import conversation_rows, load_conversations
@@ -35,8 +36,8 @@ from xsa_exp.data.tokenizer import Tokenizer, char_budget, load_or_train_tokeniz
 
 
 class TextDataModule(L.LightningDataModule):
-    def __init__(self, data_cfg, sequence_len: int, vocab_size: int, device_batch_size: int, seed: int, cache_dir: str,
-                 tokenizer_dir: Path | None = None, local_ranks: int = 1):
+    def __init__(self, data_cfg: DataConfig, sequence_len: int, vocab_size: int, device_batch_size: int, seed: int,
+                 cache_dir: str, tokenizer_dir: Path | None = None, local_ranks: int = 1):
         """tokenizer_dir: use this trained tokenizer (a run's own copy) instead of the cache; local_ranks: the training
         processes on this node, which tokenize at the same time (each with its share of the CPUs)."""
         super().__init__()
@@ -60,7 +61,7 @@ class TextDataModule(L.LightningDataModule):
         self.device_batch_size, self.seed = device_batch_size, seed
         self.cache_dir = Path(cache_dir).expanduser()
         # null: the whole training split (embedded corpora only); data=sft has none (the base run's tokenizer).
-        self.tokenizer_chars = data_cfg.get("tokenizer_chars")
+        self.tokenizer_chars = None if data_cfg.name == "sft" else data_cfg.tokenizer_chars  # sft: its base run's
         budget = "" if self.tokenizer_chars is None else f"-c{self.tokenizer_chars}"
         self.tokenizer_key = f"{data_cfg.name}-{fingerprint}{budget}-v{vocab_size}"
         self.tokenizer: Tokenizer | None = None

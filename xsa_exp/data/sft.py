@@ -22,8 +22,8 @@ import random
 from pathlib import PurePosixPath
 
 import torch
-from omegaconf import DictConfig
 
+from xsa_exp.config.schema import ChatSourceConfig, SftDataConfig
 from xsa_exp.data.chat import render_conversation
 from xsa_exp.data.conversations import CONVERTERS
 from xsa_exp.data.packing import cut_rows, mask_tokens
@@ -31,7 +31,7 @@ from xsa_exp.data.sources import FORMATS, DataError, first_bad_line, match_files
 from xsa_exp.data.tokenizer import Tokenizer
 
 
-def load_rows(key: str, source: DictConfig):
+def load_rows(key: str, source: ChatSourceConfig):
     """The rows of one source (config key `key`), a `datasets.Dataset`; at most source.max_rows of them."""
     import datasets
 
@@ -65,11 +65,11 @@ def load_rows(key: str, source: DictConfig):
     return rows
 
 
-def load_conversations(data_cfg: DictConfig, part: str) -> tuple[list[list[dict]], dict[str, int]]:
+def load_conversations(data_cfg: SftDataConfig, part: str) -> tuple[list[list[dict]], dict[str, int]]:
     """The conversations of every source of data.<part> (train_sources, val_sources), in source order,
     and how many each gave."""
     conversations, counts = [], {}
-    for name, source in data_cfg[part].items():
+    for name, source in getattr(data_cfg, part).items():
         key = f"data.{part}.{name}"
         convert = CONVERTERS[source.format]
         rows = load_rows(key, source)

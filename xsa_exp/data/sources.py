@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from itertools import count
 from pathlib import Path, PurePosixPath
 
-from omegaconf import DictConfig, OmegaConf
-
+from xsa_exp.config.schema import ClimbmixDataConfig, DataConfig, LocalDataConfig, SftDataConfig
 from xsa_exp.data.conversations import CONVERTERS
 from xsa_exp.errors import ConfigError, UserError
 
@@ -62,7 +61,7 @@ class StreamedCorpus:
     fix: str  # what to do when a file cannot be read
 
 
-def streamed_corpus(data_cfg: DictConfig) -> StreamedCorpus:
+def streamed_corpus(data_cfg: ClimbmixDataConfig | LocalDataConfig) -> StreamedCorpus:
     if data_cfg.name == "climbmix":
         return climbmix_corpus(data_cfg)
     if data_cfg.name == "local":
@@ -70,7 +69,7 @@ def streamed_corpus(data_cfg: DictConfig) -> StreamedCorpus:
     raise DataSettingError(f"data={data_cfg.name} is not a streamed corpus; use climbmix or local")
 
 
-def climbmix_corpus(cfg: DictConfig) -> StreamedCorpus:
+def climbmix_corpus(cfg: ClimbmixDataConfig) -> StreamedCorpus:
     n_shards = cfg.num_shards
     if not isinstance(n_shards, int) or n_shards < 2:
         raise DataSettingError(f"data.num_shards={n_shards!r} must be an integer >= 2 (training shards plus the "
@@ -101,8 +100,8 @@ def climbmix_corpus(cfg: DictConfig) -> StreamedCorpus:
     return StreamedCorpus("climbmix", files[:-1], files[-1:], "text", "document", digest(cfg.repo, *names[:-1]), fix)
 
 
-def local_corpus(cfg: DictConfig) -> StreamedCorpus:
-    if OmegaConf.is_missing(cfg, "path") or not cfg.path:
+def local_corpus(cfg: LocalDataConfig) -> StreamedCorpus:
+    if not cfg.path:
         raise DataSettingError("data=local needs data.path: a folder, file or glob of .parquet, .jsonl/.json or "
                                ".txt files")
     if cfg.txt_sample_by not in TXT_SAMPLE_BY:
@@ -143,13 +142,13 @@ def match_files(pattern: str, key: str) -> list[str]:
     return files
 
 
-def check_data_config(data_cfg: DictConfig) -> None:
+def check_data_config(data_cfg: DataConfig) -> None:
     """What train.py checks before it creates a run directory: the data.* settings and, for a local mirror
     or corpus, that every file is there. Reads no data."""
-    chars = data_cfg.get("tokenizer_chars")  # data=sft has none: it uses its base run's tokenizer
-    if data_cfg.name == "sft":
+    if data_cfg.name == "sft":  # no tokenizer of its own: its base run's
         check_chat_sources(data_cfg)
         return
+    chars = data_cfg.tokenizer_chars
     if data_cfg.name in ("sample", "wiki"):  # the embedded corpora (corpus.py)
         if chars is not None:
             _positive_int(chars, "data.tokenizer_chars")
@@ -173,11 +172,11 @@ def check_data_config(data_cfg: DictConfig) -> None:
         raise DataSettingError(f"{missing[0]} is missing{more}; {corpus.fix}")
 
 
-def check_chat_sources(data_cfg: DictConfig) -> None:
+def check_chat_sources(data_cfg: SftDataConfig) -> None:
     for part in ("train_sources", "val_sources"):
-        if not data_cfg[part]:
+        if not getattr(data_cfg, part):
             raise DataSettingError(f"data.{part} is empty; data=sft needs at least one source there")
-        for name, source in data_cfg[part].items():
+        for name, source in getattr(data_cfg, part).items():
             key = f"data.{part}.{name}"
             if source.format not in CONVERTERS:
                 raise DataSettingError(f"{key}.format={source.format!r} is not an option; "

@@ -149,8 +149,9 @@ def train_as_writer(cfg: DictConfig, run_dir: Path, writer: RunDirWriter) -> Pat
     settings: TrainConfig = OmegaConf.to_object(cfg)  # typed: the model and optimizer take its parts
     model = GPT(GPTConfig.of(settings.model, settings.xsa))
     base = load_base_run(cfg, model)
-    datamodule = TextDataModule(cfg.data, cfg.model.sequence_len, cfg.model.vocab_size, cfg.train.device_batch_size,
-                                cfg.seed, cfg.cache_dir, tokenizer_dir=base and base.run_dir / rd.TOKENIZER,
+    datamodule = TextDataModule(settings.data, cfg.model.sequence_len, cfg.model.vocab_size,
+                                cfg.train.device_batch_size, cfg.seed, cfg.cache_dir,
+                                tokenizer_dir=base and base.run_dir / rd.TOKENIZER,
                                 local_ranks=world_size(cfg.trainer) // cfg.trainer.num_nodes)
     arm = Arm.run_keys_of(cfg)
     transfer = nanochat_transfer(cfg)
