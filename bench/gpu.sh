@@ -1,6 +1,18 @@
 #!/usr/bin/env bash
-# Every GPU figure in one command, sized to end inside one 10-minute call on one H100/H200 (at most 520 s:
-# each part has a time bound; what finished is kept, what did not says so). It needs no eval bundle and no corpus.
+# Every GPU figure in one command that ends within 540 s on one H100/H200, inside one 10-minute device call with its
+# transfers. Each part has a limit: its cap, or less where the time left before 540 s, less what the parts after it
+# are expected to need, is less; a part stopped at its limit keeps what it finished (gpu_runs.json is rewritten
+# after each of its own parts, and a run stopped mid-way keeps its phases done). Expected times on one H100/H200,
+# from the H200's figures in BENCHMARKS.md ("GPU figures", taken before the one-graph forward, bf16-compute and the
+# fused loss head, which should all shorten them):
+#   set-up: the wheels, the CUDA probe                                      about 10 s
+#   bench/gpu_runs.py (its docstring): checks 40, d12 106, d24 166 (at 524,288 tokens per update: the docstring
+#     says why), the sync check 60 = 372 s, its imports and table           about 383 s   cap 400 s
+#   bench/xsa_overhead.py: two compiled d12 arms, 10 paired repeats         about 100 s   cap 120 s (it ended within
+#                                                                                          120 s on the H200)
+#   bench/core_throughput.py: skips at once without an eval bundle          about 5 s     cap 15 s
+#   bench/generation.py: 2 x 2,048 tokens (9 s measured) and its start      about 20 s    cap 30 s
+# In all about 520 s. It needs no eval bundle and no corpus.
 # On a machine with the CUDA build of torch and the project installed (README, "Install and test"):
 #   bash bench/gpu.sh                                   # writes gpu_bench.txt and gpu_runs.json
 # On the lent device machine (its image has torch and Lightning, not Hydra or rustbpe, and no network):
@@ -10,26 +22,41 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-.}
+DEADLINE=540  # seconds after this script started (bash's SECONDS)
+
+# limit CAP LATER: a part's limit in seconds, its CAP or the time left before the deadline less LATER (what the parts
+# after it are expected to need), whichever is less; at least 1 (timeout 0 would mean no limit)
+limit() {
+    local left=$((DEADLINE - SECONDS - $2))
+    local n=$((left < $1 ? left : $1))
+    echo $((n < 1 ? 1 : n))
+}
+
 if [ -d .whl ]; then  # the wheels bench/gpu_wheels.sh made, installed beside the image's packages
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/xsa-site \
         .whl/*.whl
     export PYTHONPATH=/tmp/xsa-site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the project itself, installed or not
-export PYTHONUNBUFFERED=1  # a part stopped at its bound still shows what it printed
+export PYTHONUNBUFFERED=1  # a part stopped at its limit still shows what it printed
 exec > >(tee "$OUT/gpu_bench.txt") 2>&1
 "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
     || { echo "bench/gpu.sh: no CUDA device visible to torch; run it on a GPU machine with the CUDA build of torch"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-# First the real train.py at d12 and d24, compiled and eager, at the presets' micro-batches: tokens/s, MFU, peak
-# memory against the prediction, first-update (compile) time; the exactness checks on the device; the count of
-# synchronizing CUDA calls between host syncs. gpu_runs.json is rewritten after each part.
-timeout 320 "$PYTHON" bench/gpu_runs.py --steps 6 --budget-s 290 --out "$OUT/gpu_runs.json" \
-    || echo "bench/gpu_runs.py: stopped at its 320 s bound, or failed (above)"
+# The study's training at d12 and d24 (compiled; 2 warm-up, 20 steady and 2 profiled updates each): tokens/s, MFU,
+# warm-up and steady peak memory against the prediction, graph breaks and recompiles, time by kernel family and the
+# GPU's idle fraction; the exactness checks on the device; the synchronizing CUDA calls on the study's real path.
+# Its own budget ends 15 s before its limit: its imports come before that clock starts, the table after it ends.
+T=$(limit 400 130)
+timeout "$T" "$PYTHON" bench/gpu_runs.py --budget-s $((T - 15)) --out "$OUT/gpu_runs.json" \
+    || echo "bench/gpu_runs.py: stopped at its $T s limit, or failed (above)"
 # The XSA overhead ratio alpha=1 / alpha=0 with its 95% interval (interleaved repeats, compiled, bf16).
-timeout 120 "$PYTHON" bench/xsa_overhead.py --mode gpu --depths d12 --repeats 10 \
-    || echo "bench/xsa_overhead.py: stopped at its 120 s bound, or failed (above)"
-timeout 40 "$PYTHON" bench/core_throughput.py --depth d12 --device cuda --max-per-task 50 \
-    || echo "bench/core_throughput.py: stopped at its 40 s bound, or failed (above)"   # skips without a bundle
-timeout 40 "$PYTHON" bench/generation.py --depth d12 --device cuda --new-tokens 256 --samples 8 \
-    || echo "bench/generation.py: stopped at its 40 s bound, or failed (above)"
+T=$(limit 120 35)
+timeout "$T" "$PYTHON" bench/xsa_overhead.py --mode gpu --depths d12 --repeats 10 \
+    || echo "bench/xsa_overhead.py: stopped at its $T s limit, or failed (above)"
+T=$(limit 15 30)
+timeout "$T" "$PYTHON" bench/core_throughput.py --depth d12 --device cuda --max-per-task 50 \
+    || echo "bench/core_throughput.py: stopped at its $T s limit, or failed (above)"   # skips without a bundle
+T=$(limit 30 0)
+timeout "$T" "$PYTHON" bench/generation.py --depth d12 --device cuda --new-tokens 256 --samples 8 \
+    || echo "bench/generation.py: stopped at its $T s limit, or failed (above)"

@@ -1,46 +1,72 @@
-"""The real job's figures on a GPU: throughput, MFU and peak memory of `python train.py` at d12 and d24,
-eager and compiled, and the exactness checks on the device. Part of `bash bench/gpu.sh`.
+"""The real job's figures on a GPU, each with what explains it: throughput, MFU, peak memory, compilation and where
+the time goes in training at d12 and d24; the exactness checks on the device; the synchronizing CUDA calls of the
+study's path. Part of `bash bench/gpu.sh`.
 
-    python bench/gpu_runs.py --out gpu_runs.json            # on a CUDA machine
+    python bench/gpu_runs.py --out gpu_runs.json            # on a CUDA machine: about 6 minutes (below)
     python bench/gpu_runs.py --smoke --out smoke.json       # the same plumbing at tiny shapes, on any device
+    python bench/gpu_runs.py --runs d12_compiled d12_eager  # eager runs only when asked for
     python bench/gpu_runs.py --runs d12_compiled --precision bf16-mixed --fused-loss-head false   # the old setting
 
-1. One `python train.py` per (preset, mode), one arm (alpha = 1), the study's stack (stack=nanochat_2604:
-   sliding windows through FlexAttention; no lr warmup, which is longer than these runs), the presets' precision
-   and loss head (trainer.precision=bf16-compute, model.fused_loss_head=true; --precision and --fused-loss-head
-   set others), the preset's
-   micro-batch and global batch, `--steps` updates, on a parquet corpus written here (documents of random words,
-   so a 32,768-token BPE can be learned; the text does not matter for speed), a console line (a host sync) every
-   4 updates.
-   From each run's metrics.csv: the median train/tokens_per_sec, train/mfu and the peak
-   train/peak_memory_gb over the updates after the first 4 (compilation, warm-up), the mean time of those
-   first 4, the recompilations torch logs (TORCH_LOGS=recompiles) and the peak memory xsa_exp/memory.py
-   predicts (its figures are bf16-mixed's with the unfused head: BENCHMARKS.md predicts the presets' settings
-   apart). A run that fails (out of memory, say) is recorded with its last error line.
-2. On the device: the XSA op at alpha = 0 returns y bit for bit (bf16) and a model at alpha = 0 gives
+The parts, in order, within --budget-s (JSON keys in quotes; gpu_runs.json is rewritten after every part):
+1. "checks", in this process: the XSA op at alpha = 0 returns y bit for bit (bf16) and a model at alpha = 0 gives
    standard attention's logits bit for bit under bf16 autocast and under bf16-compute; alpha = 1 makes z_i
    orthogonal to v_i in both (the largest |cos(z_i, v_i)| of any token, layer and head, measured on the op's own
    outputs in the model's forward); windowed attention (FlexAttention with the training forward's block mask on
    CUDA) against SDPA with the same mask (max |difference|, bf16, GQA); the fused loss head's chunks (as in the
    compiled forward) and Liger-Kernel's kernel (where installed) against the unfused head, loss and gradients from
-   bf16 hidden states (the largest relative difference); greedy KV-cached generation equals full
-   recomputation in fp32; and a compiled training run in the presets' precision and loss head whose updates
-   between host-sync steps run under torch.cuda.set_sync_debug_mode("warn"): the synchronizing CUDA calls they
-   make (0 expected).
-The parts run in that order of importance (checks; compiled runs, the presets' default; eager runs; the sync
-count) within --budget-s: a part that would start past it is recorded as skipped, a run is stopped at it, and
-the JSON file is rewritten after every part, so a time limit keeps what finished. Prints a table for
-BENCHMARKS.md.
+   bf16 hidden states (the largest relative difference); greedy KV-cached generation equals full recomputation in fp32.
+2. "runs": one child process per run (`--child`), which composes the run's config as train.py does and calls
+   xsa_exp.training.run.train itself, with a measuring callback after training's own (the final checkpoint, which
+   no figure needs, is not written). The study's path: stack=nanochat_2604 (sliding windows through FlexAttention's
+   block masks on CUDA; no lr warmup, which is longer than these runs), alpha = 1, the presets' precision and loss
+   head (trainer.precision=bf16-compute, model.fused_loss_head=true; --precision and --fused-loss-head set others),
+   the preset's micro-batch, a console line (a host sync) every 10 updates as in the study, and a parquet corpus
+   written here and streamed by data=local's loader and its worker (documents of random words, so that a
+   32,768-token BPE can be learned; the text does not matter for speed). Each run takes 2 warm-up updates (the
+   first compiles the forward and Muon's step), 20 steady updates, then 2 profiled updates:
+   - warm-up: "start_s" (process start to the first update), "warmup_update_s" (each, synchronized), and
+     "warmup_peak_gb"; then the device's peak memory is reset.
+   - steady: "tokens_per_sec", "mfu" and "steady_update_s" over the 20 updates on one clock synchronized at both ends
+     (the host syncs at updates 10 and 20 fall inside, as in a real run), and "steady_peak_gb", beside
+     "predicted_peak_gb" (xsa_exp/memory.py; its figures are bf16-mixed's with the unfused head: BENCHMARKS.md
+     predicts the presets' settings apart).
+   - "compile", from torch._dynamo's own counters and recompile log: "unique_graphs", "graph_breaks" and
+     "recompiles" (with "recompiles_after_first_update") and their reasons. Targets: 0 breaks, 0 recompiles after
+     update 1.
+   - "profile", torch.profiler over the 2 last updates: time per kernel family (matmul, attention, elementwise,
+     reduction/norm, optimizer: every kernel launched from the optimizer step, grad norm included; communication,
+     memcpy/memset, other) as ms per update and share of kernel time, and the GPU's idle fraction (1 - the union of
+     its kernels' busy intervals / the window's wall time). On a CPU (--smoke) the leaf CPU operators stand in.
+   d12 runs its preset's batch (524,288 tokens: 8 micro-batches of 32 x 2048). d24 runs half its preset's
+   (524,288 of 1,048,576 tokens: 16 micro-batches of 16 x 2048; "batch_note"): 20 steady updates of its real batch
+   (about 7.5 s each on an H200) would take about 150 s, which the budget has not. The micro-batches are the
+   preset's, so tokens/s and MFU differ from the real batch's only by the optimizer step's share, which halves there.
+   A run that fails (out of memory, say) is recorded with its last log line, and the end of its log is printed.
+3. "sync_check", a child on the study's real path at a reduced size that still has windows (d12 with 4 layers,
+   sequence 2048, 2 micro-batches of 4 per update, compiled, bf16-compute, the fused loss head, the streamed corpus,
+   12 updates with a console line every 4): the synchronizing CUDA calls made by the updates after the warm-up that
+   are not host-sync steps, under torch.cuda.set_sync_debug_mode("warn"), with the lines that made them (0 expected).
+
+Budget (--budget-s; bench/gpu.sh gives it the time its other parts are not expected to need): each part is
+expected to take, on one H100/H200, from the H200's figures in BENCHMARKS.md ("GPU figures", taken before the
+one-graph forward, bf16-compute and the fused loss head, which should all shorten it): the checks with the corpus
+40 s; a compiled run START_S + COMPILE_S + (2 + 20 + 2 x 1.5) updates x UPDATE_S (d12 106 s, d24 166 s); the sync
+check 60 s; about 372 s in all. A run may use whatever is left but the sync check's 60 s; the sync check whatever
+is left; a part with under 60 s is recorded as skipped; a child stopped at its limit keeps what it had written.
+Prints a table for BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import csv
+import contextlib
+import copy
 import json
+import logging
 import os
-import statistics
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,11 +75,16 @@ import warnings
 from datetime import date
 from pathlib import Path
 
+import lightning as L
 import torch
 import torch.nn.functional as F
 from data_loader import write_corpus  # bench/data_loader.py, beside this script: documents of random words
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
 
+from xsa_exp.cluster import device_peak_flops, synchronized_time
+from xsa_exp.config.arithmetic import batch_tokens
 from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
 from xsa_exp.generate import generate
 from xsa_exp.memory import predicted_peak_bytes
@@ -61,61 +92,366 @@ from xsa_exp.model import GPT, GPTConfig, XSASettings, exclusive_self_attention,
 from xsa_exp.model.gpt import causal_attention, window_block_mask, window_mask
 from xsa_exp.model.loss_head import ChunkedLinearCrossEntropy, liger_fused_linear_cross_entropy, linear_cross_entropy
 from xsa_exp.precision import prepare
-from xsa_exp.training.metrics_log import HostSync
+from xsa_exp.training.metrics_log import UpdateClock
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("d12", "d24")
-WARMUP = 4  # updates per host sync in the throughput runs; the first WARMUP are not counted
-SYNC_RUN_S = 60  # kept from the budget for the sync count's short compiled run, the last part
+WARMUP, STEADY, PROFILED = 2, 20, 2  # updates of a throughput run: compile and warm-up; timed; profiled
+BATCH_DIVISOR = {"d24": 2}  # d24 measured at half its batch: the module docstring says why
+# Expected seconds on one H100/H200 (module docstring), from the H200's figures of 2026-12-04 in BENCHMARKS.md.
+UPDATE_S = {"d12": 1.55, "d24": 3.74}  # a steady update of 524,288 tokens
+COMPILE_S = {"d12": 47, "d24": 42}     # the first 4 updates took 13.3 and 14.3 s each: that less 4 steady updates
+START_S = {"d12": 20, "d24": 30}       # the runs' 76 and 105 s less their 6 updates, and at d24 less about 10 s of
+                                       # final checkpoint (8 GB) that the child does not write
+PROFILED_SLOWDOWN = 1.5  # a profiled update, with its share of the summary, over a steady one (a guess)
+CHECKS_S = 40            # the checks, the corpus (measured)
+SYNC_S = 60              # the tiny preset's sync-count run took 50 s; the windows add FlexAttention's kernels (a guess)
+MIN_PART_S = 60          # a run or the sync check is not started with less: its compilation alone takes about that
 SMOKE = ["model.n_layer=2", "model.n_embd=128", "model.n_head=2", "model.sequence_len=128", "model.vocab_size=1024",
-         "train.device_batch_size=4", "train.total_batch_tokens=1024"]
+         "train.device_batch_size=4", "train.total_batch_tokens=2048"]
+# The sync check's run: the study's path at a size that compiles fast and still has windows (3 of its 4 layers).
+SYNC_RUN = ["depth=d12", "model.n_layer=4", "train.device_batch_size=4", "train.total_batch_tokens=16384",
+            "train.compile=true", "train.max_steps=12", "log.print_every=4"]
+OPTIMIZER_MARK = "gpu_runs: optimizer step"  # the profiler's range from on_before_optimizer_step to the update's end
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # the profiler's GPU activities that keep the device busy
+LAUNCHES = ("cuda_runtime", "cuda_driver")  # the host calls that queue them (triton launches through the driver)
+# Kernel families by name (lowercase, the first that matches); CPU operators' names under --smoke.
+FAMILIES = (
+    ("communication", r"nccl|all_?reduce|all_?gather|reduce_scatter"),
+    ("memcpy/memset", r"memcpy|memset"),
+    ("attention", r"attention|flex|flash|fmha|sdpa"),
+    ("matmul", r"gemm|nvjet|cutlass|xmma|cublas|matmul|(^|[_:])(b|add|baddb)?mm($|_)"),
+    ("optimizer", r"multi_tensor_apply|adam|foreach"),
+    ("reduction/norm", r"triton_(red|per)_|reduce|norm|softmax|cross_entropy|(^|[_:])(sum|mean|amax)($|_)"),
+    ("elementwise", r"triton_poi_|elementwise|(^|[_:])(add|mul|sub|div|copy|fill|zero)_?($|_)"),
+)
 
 
-def compose_cfg(overrides: list[str]):
+def compose_cfg(overrides: list[str]) -> DictConfig:
+    """A run's config as train.py hands it to training: Hydra's record of the run set, the group choices
+    (depth_name, ...) resolved, the hydra node dropped (as tests/conftest.py's compose_config)."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
+        cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(copy.deepcopy(cfg))  # set_config makes the node it keeps read-only
+    with open_dict(cfg):
+        for name in ("depth_name", "stack_name", "stage_name"):
+            cfg[name] = cfg[name]
+        del cfg["hydra"]
+    return cfg
 
 
-def throughput_run(name: str, overrides: list[str], compiled: bool, workdir: Path, steps: int,
-                   timeout_s: float) -> dict:
-    run_dir = workdir / name
-    args = [*overrides, "stack=nanochat_2604", "optim.schedule.warmup_steps=0",
-            f"train.compile={str(compiled).lower()}", f"train.max_steps={steps}", "eval.every=0",
-            "eval.core_every=0", "eval.diag_every=0", "logger=csv", f"log.print_every={WARMUP}", "xsa.alpha=1",
-            f"hydra.run.dir={run_dir}"]
-    cfg = compose_cfg([a for a in args if not a.startswith("hydra.")])
+def estimated_s(preset: str) -> float:
+    """A compiled run's expected wall time on one H100/H200: start, compilation, then each update at the steady rate."""
+    updates = WARMUP + STEADY + PROFILED * PROFILED_SLOWDOWN
+    return round(START_S[preset] + COMPILE_S[preset] + updates * UPDATE_S[preset])
+
+
+# ---- the parent: plans each child, runs it within its limit, keeps what it wrote
+
+def throughput_run(name: str, common: list[str], smoke: bool, workdir: Path, env: dict, limit_s: float) -> dict:
+    preset, mode = name.split("_")
+    compiled = mode == "compiled"
+    overrides = [f"depth={preset}", *common, f"train.compile={str(compiled).lower()}",
+                 f"train.max_steps={WARMUP + STEADY + PROFILED}", *(SMOKE if smoke else [])]
+    cfg = compose_cfg(overrides)
+    preset_batch = batch_tokens(cfg)
+    batch = preset_batch // BATCH_DIVISOR.get(preset, 1)
+    micro_batches = batch // (cfg.train.device_batch_size * cfg.model.sequence_len)
     with torch.device("meta"):
         model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
     figures = {"run": name, "compiled": compiled, "device_batch_size": cfg.train.device_batch_size,
-               "predicted_peak_gb": predicted_peak_bytes(model, cfg.train.device_batch_size, compiled) / 1e9}
-    try:
-        result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True,
-                                timeout=timeout_s, env={**os.environ, "TORCH_LOGS": "recompiles"})
-    except subprocess.TimeoutExpired:
-        return {**figures, "error": f"stopped at the time budget, after {timeout_s:.0f} s"}
-    if result.returncode != 0:
-        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-        return {**figures, "error": lines[-1] if lines else f"exit status {result.returncode}"}
-    with open(run_dir / "metrics.csv") as f:
-        rows = [r for r in csv.DictReader(f) if r["train/loss"]]
-    steady = rows[WARMUP:] or rows
-    tokens_per_step = cfg.train.total_batch_tokens
-    tokens_per_sec = statistics.median(float(r["train/tokens_per_sec"]) for r in steady)
-    mfu = statistics.median(float(r["train/mfu"]) for r in steady) if steady[0].get("train/mfu") else None
-    return {**figures, "tokens_per_sec": tokens_per_sec, "mfu": mfu,
-            "peak_memory_gb": max(float(r["train/peak_memory_gb"]) for r in rows),
-            "first_updates_s": tokens_per_step / float(rows[0]["train/tokens_per_sec"]),
-            "steady_update_s": tokens_per_step / tokens_per_sec,
-            "recompiles": result.stderr.count("Recompiling function"),
-            "recompile_reasons": recompile_reasons(result.stderr)}
+               "micro_batches": micro_batches, "batch_tokens": batch, "preset_batch_tokens": preset_batch,
+               "predicted_peak_gb": predicted_peak_bytes(model, cfg.train.device_batch_size, compiled) / 1e9,
+               "warmup_updates": WARMUP, "steady_updates": STEADY, "profiled_updates": PROFILED,
+               "estimated_s": estimated_s(preset) if compiled and not smoke else None, "limit_s": round(limit_s)}
+    if batch != preset_batch:
+        overrides.append(f"train.total_batch_tokens={batch}")
+        figures["batch_note"] = (
+            f"measured at {batch:,} tokens per update ({micro_batches} micro-batches), 1/{BATCH_DIVISOR[preset]} of "
+            f"the preset's {preset_batch:,}: {STEADY} steady updates of the real batch would not fit bench/gpu.sh's "
+            "budget; the micro-batches are the preset's, so tokens/s and MFU differ from the real batch's only by "
+            "the optimizer step's share, which is smaller there")
+    return {**figures, **run_child(name, {"kind": "throughput", "overrides": overrides}, workdir, env, limit_s)}
 
 
-def recompile_reasons(log: str) -> list[str]:
-    """TORCH_LOGS=recompiles' lines (which function recompiled, which guard failed), without their timestamps,
-    each once."""
-    lines = [line.split("[__recompiles]", 1)[1].strip() for line in log.splitlines() if "[__recompiles]" in line]
-    return list(dict.fromkeys(lines))[:30]
+def sync_check(common: list[str], smoke: bool, workdir: Path, env: dict, limit_s: float) -> dict:
+    overrides = [*common, *SYNC_RUN, *(SMOKE if smoke else [])]
+    cfg = compose_cfg(overrides)
+    run = (f"depth=d12 n_layer={cfg.model.n_layer} n_embd={cfg.model.n_embd}, sequence {cfg.model.sequence_len}, "
+           f"{batch_tokens(cfg) // (cfg.train.device_batch_size * cfg.model.sequence_len)} micro-batches of "
+           f"{cfg.train.device_batch_size}, windows {cfg.model.window_pattern}, compiled, {cfg.trainer.precision}, "
+           f"fused loss head {cfg.model.fused_loss_head}, data=local streamed ({cfg.data.num_workers} worker), "
+           f"{cfg.train.max_steps} updates, a host sync every {cfg.log.print_every}")
+    return {"run": run, "limit_s": round(limit_s),
+            **run_child("sync_check", {"kind": "sync", "overrides": overrides}, workdir, env, limit_s)}
 
+
+def run_child(name: str, spec: dict, workdir: Path, env: dict, limit_s: float) -> dict:
+    """Runs one child (in its own process group, so that stopping it stops its data worker and compile workers too)
+    to its end or to limit_s; returns what it wrote, its wall time, and why it stopped short if it did."""
+    result, log = workdir / f"{name}.json", workdir / f"{name}.log"
+    spec = {**spec, "result": str(result), "run_dir": str(workdir / name), "spawned": time.time()}
+    started = time.monotonic()
+    with open(log, "w") as out:
+        child = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(spec)], cwd=REPO, env=env,
+                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            status = child.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            status = None
+        finally:  # also when this process is stopped (SIGTERM: main's handler exits)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    figures = json.loads(result.read_text()) if result.exists() else {}
+    figures["wall_s"] = round(time.monotonic() - started, 1)
+    if status is None:
+        figures["stopped"] = f"at its limit of {limit_s:.0f} s"
+    elif status != 0:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        figures["error"] = lines[-1] if lines else f"exit status {status}"
+        print(f"bench/gpu_runs.py: {name} failed; the end of its log:", *lines[-25:], sep="\n", file=sys.stderr)
+    return figures
+
+
+# ---- the child: training's own run, measured by a callback after training's callbacks
+
+def child(spec: dict) -> None:
+    from xsa_exp.training import run as training
+
+    cfg = compose_cfg(spec["overrides"])
+    result = Path(spec["result"])
+    compile_log = CompileLog()
+    measure = (Measure(cfg, result, spec["spawned"], compile_log) if spec["kind"] == "throughput"
+               else SyncDebug())
+    build_callbacks, build_trainer = training.build_callbacks, training.build_trainer
+    training.build_callbacks = lambda *args: [*build_callbacks(*args), measure]
+    training.build_trainer = lambda *args: without_final_checkpoint(build_trainer(*args))
+    if spec["kind"] == "throughput":
+        training.train(cfg, Path(spec["run_dir"]))
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        training.train(cfg, Path(spec["run_dir"]))
+    write_json(result, {**measure.counted(caught), "compile": compile_counts(compile_log)})
+
+
+def without_final_checkpoint(trainer: L.Trainer) -> L.Trainer:
+    trainer.save_checkpoint = lambda *args, **kwargs: None  # 3-8 GB at d12-d24 that no figure needs: 5-10 s
+    return trainer
+
+
+def write_json(path: Path, figures: dict) -> None:
+    """Whole or not at all: the parent may read it after stopping this process mid-write."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(figures, indent=1))
+    partial.replace(path)
+
+
+class CompileLog(logging.Handler):
+    """Dynamo's recompile messages (TORCH_LOGS=recompiles: which function, which guard failed), each with the update
+    that was running."""
+
+    def __init__(self):
+        super().__init__()
+        self.update = 0
+        self.recompiles: list[tuple[int, str]] = []
+        torch._logging.set_logs(recompiles=True)
+        torch._logging.getArtifactLogger("torch._dynamo.guards", "recompiles").addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.recompiles.append((self.update, " ".join(record.getMessage().split())))
+
+
+def compile_counts(log: CompileLog) -> dict:
+    counters = torch._dynamo.utils.counters
+    breaks = counters["graph_break"]
+    return {"unique_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(breaks.values()),
+            "graph_break_reasons": [reason.splitlines()[0][:300] for reason in breaks],
+            "recompiles": len(log.recompiles),
+            "recompiles_after_first_update": sum(update > 1 for update, _ in log.recompiles),
+            "recompile_reasons": list(dict.fromkeys(f"update {u}: {m[:400]}" for u, m in log.recompiles))[:20]}
+
+
+def peak_gb(device: torch.device) -> float:
+    """CUDA: the most memory tensors held since the last reset; CPU: the peak resident set since the last."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) * 1024 / 1e9
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # the peak resident set (VmHWM) back to the current one
+
+
+class Measure(L.Callback):
+    """Last among training's callbacks (after the update clock): times each warm-up update, keeps the warm-up's peak
+    memory and resets it; times the steady updates on one clock and keeps their peak; profiles the last updates.
+    Writes what it has after each phase, so a run stopped at its limit keeps it."""
+
+    def __init__(self, cfg: DictConfig, result: Path, spawned: float, compile_log: CompileLog):
+        self.tokens, self.configured_peak_flops = batch_tokens(cfg), cfg.train.peak_flops
+        self.result, self.spawned, self.compile_log = result, spawned, compile_log
+        self.figures: dict = {}
+        self.last_step, self.clock = 0, 0.0
+        self.profiler: torch.profiler.profile | None = None
+        self.mark: torch.profiler.record_function | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.device = pl_module.device
+        self.flops = pl_module.model.flops_per_token()
+        self.peak_flops = device_peak_flops(self.device, self.configured_peak_flops)
+        self.figures.update(start_s=round(time.time() - self.spawned, 1), warmup_update_s=[])
+        self.clock = synchronized_time(self.device)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.compile_log.update = trainer.global_step + 1
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        # Lightning runs the last micro-batch's forward and backward inside optimizer.step (its closure): the
+        # optimizer's own work is what the host queues from this hook (after the closure) to the update's end.
+        if self.profiler is not None:
+            self.mark = torch.profiler.record_function(OPTIMIZER_MARK)
+            self.mark.__enter__()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step == self.last_step:
+            return  # mid-accumulation
+        self.last_step = step
+        if self.mark is not None:
+            self.mark.__exit__(None, None, None)
+            self.mark = None
+        if step <= WARMUP:
+            self.end_warmup_update(step)
+        elif step == WARMUP + STEADY:
+            self.end_steady()
+        elif step == WARMUP + STEADY + PROFILED:
+            self.end_profiled()
+
+    def end_warmup_update(self, step: int) -> None:
+        self.figures["warmup_update_s"].append(round(synchronized_time(self.device) - self.clock, 3))
+        if step == WARMUP:
+            self.figures["warmup_peak_gb"] = peak_gb(self.device)
+            reset_peak(self.device)
+            self.write()
+        self.clock = synchronized_time(self.device)
+
+    def end_steady(self) -> None:
+        seconds = synchronized_time(self.device) - self.clock
+        rate = STEADY * self.tokens / seconds
+        self.figures.update(tokens_per_sec=rate, steady_update_s=seconds / STEADY, steady_peak_gb=peak_gb(self.device),
+                            mfu=rate * self.flops / self.peak_flops if self.peak_flops else None)
+        self.write()
+        cuda = self.device.type == "cuda"
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+        self.profiler = torch.profiler.profile(activities=activities)
+        self.profiler.start()
+        self.clock = synchronized_time(self.device)
+
+    def end_profiled(self) -> None:
+        window_s = synchronized_time(self.device) - self.clock
+        self.profiler.stop()
+        events = self.profiler.profiler.kineto_results.events()
+        self.figures["profile"] = profile_summary(events, PROFILED, window_s, self.device.type == "cuda")
+        self.write()
+
+    def write(self) -> None:
+        write_json(self.result, {**self.figures, "compile": compile_counts(self.compile_log)})
+
+
+class SyncDebug(L.Callback):
+    """Last among training's callbacks: from the end of one update's hooks to the end of the next one's, CUDA's sync
+    debug mode warns of every synchronizing call when that next update is past the warm-up and not a host-sync step
+    (training's own HostSync, from its update clock)."""
+
+    def __init__(self):
+        self.checked: list[int] = []
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.sync = next(c.sync for c in trainer.callbacks if isinstance(c, UpdateClock))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        upcoming = trainer.global_step + 1
+        quiet = WARMUP < upcoming < trainer.max_steps and not self.sync.due(upcoming, trainer.max_steps)
+        if quiet and upcoming not in self.checked:
+            self.checked.append(upcoming)
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("warn" if quiet else "default")
+
+    def counted(self, caught: list[warnings.WarningMessage]) -> dict:
+        if not torch.cuda.is_available():
+            return {"updates_checked": self.checked, "count": None,
+                    "note": "no CUDA: the run completed, nothing to count"}
+        # torch's own words for a synchronizing call (its notice that sync debug mode is a prototype is not one)
+        sites = collections.Counter(f"{w.filename}:{w.lineno}" for w in caught
+                                    if "called a synchronizing CUDA operation" in str(w.message))
+        return {"updates_checked": self.checked, "count": sum(sites.values()), "sites": dict(sites)}
+
+
+# ---- the profiler's summary
+
+def profile_summary(events: list, updates: int, window_s: float, cuda: bool) -> dict:
+    """Kernel time by family per update, its share, and the device's idle fraction over the window, from the
+    profiler's raw events (_KinetoEvent: name(), activity_type(), start_ns(), end_ns(), ...)."""
+    marks = [(e.start_ns(), e.end_ns()) for e in events if e.name() == OPTIMIZER_MARK]
+    work = device_work(events, cuda)
+    families, others = collections.Counter(), collections.Counter()
+    for name, start, end, launched in work:
+        kind = family(name)
+        if kind != "communication" and any(a <= launched <= b for a, b in marks):
+            kind = "optimizer"
+        families[kind] += end - start
+        if kind == "other":
+            others[name] += end - start
+    total, busy = sum(families.values()) or 1, busy_ns((start, end) for _, start, end, _ in work)
+
+    def ms(ns: float) -> float:
+        return round(ns / 1e6 / updates, 2)
+
+    return {"activity": "CUDA kernels, copies and fills" if cuda else "leaf CPU operators (no GPU: plumbing only)",
+            "updates": updates, "kernels_per_update": len(work) // updates,
+            "window_ms_per_update": round(window_s * 1e3 / updates, 1), "busy_ms_per_update": ms(busy),
+            "idle_fraction": round(1 - busy / 1e9 / window_s, 4),
+            "families": {kind: {"ms_per_update": ms(ns), "share": round(ns / total, 4)}
+                         for kind, ns in families.most_common()},
+            "other_top": {name[:100]: ms(ns) for name, ns in others.most_common(3)}}
+
+
+def device_work(events: list, cuda: bool) -> list[tuple[str, int, int, int]]:
+    """(name, start, end, queued at) in ns of each GPU kernel, copy and fill, with the host time of its launch; on a
+    CPU, of each leaf operator (one that calls no other), queued when it starts."""
+    if cuda:
+        launched = {e.correlation_id(): e.start_ns() for e in events if e.activity_type() in LAUNCHES}
+        return [(e.name(), e.start_ns(), e.end_ns(), launched.get(e.correlation_id(), -1))
+                for e in events if e.activity_type() in DEVICE_WORK]
+    ops = sorted((e.start_thread_id(), e.start_ns(), -e.end_ns(), e.name()) for e in events
+                 if e.activity_type() == "cpu_op")
+    # sorted by thread, start, then the longest first: an operator's first callee, if any, comes right after it
+    return [(name, start, -neg_end, start) for (thread, start, neg_end, name), after in zip(ops, [*ops[1:], None])
+            if after is None or after[0] != thread or after[1] >= -neg_end]
+
+
+def family(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, pattern in FAMILIES if re.search(pattern, lowered)), "other")
+
+
+def busy_ns(intervals) -> int:
+    """The length of the union of (start, end) intervals."""
+    total, reach = 0, 0
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+# ---- the checks, in this process
 
 def exactness_checks(device: str, smoke: bool) -> dict:
     shape = dict(sequence_len=128, vocab_size=1024, n_layer=2, n_head=2, n_embd=128) if smoke else \
@@ -206,122 +542,111 @@ def largest_cos_z_v(model: GPT, idx: torch.Tensor) -> float:
     return max(worst)
 
 
-def synchronizing_calls_between_host_syncs(smoke: bool, settings: list[str]) -> dict | str:
-    """Synchronizing CUDA calls made by the updates that are not host-sync steps of a short compiled run, and
-    the Python lines that made them, each with its count (on a machine without CUDA the same run, to test the
-    plumbing, with nothing to count)."""
-    import lightning as L
 
-    from xsa_exp.training import run as training
+# ---- the report
 
-    cuda = torch.cuda.is_available()
+def fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
-    class SyncDebug(L.Callback):  # last, so each window runs from one update's hooks to the end of the next one's
-        sync = HostSync([WARMUP])
 
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            upcoming = trainer.global_step + 1
-            quiet = upcoming < trainer.max_steps and not self.sync.due(upcoming, trainer.max_steps)
-            if cuda:
-                torch.cuda.set_sync_debug_mode("warn" if quiet else "default")
+def table_row(r: dict) -> str:
+    if "skipped" in r:
+        return f"| {r['run']} | skipped: {r['skipped']} |" + " |" * 10
+    c, p = r.get("compile", {}), r.get("profile", {})
+    steady = "tokens_per_sec" in r
+    cells = [r["run"], f"{r['micro_batches']} x {r['device_batch_size']}", f"{r['batch_tokens']:,}",
+             r["steady_updates"] if steady else 0, fmt(r.get("tokens_per_sec"), ",.0f"), fmt(r.get("mfu"), ".1%"),
+             f"{fmt(r.get('warmup_peak_gb'), '.1f')} / {fmt(r.get('steady_peak_gb'), '.1f')} "
+             f"({r['predicted_peak_gb']:.1f})",
+             " + ".join(f"{s:.1f}" for s in r.get("warmup_update_s", [])) or "-", fmt(r.get("steady_update_s"), ".2f"),
+             fmt(c.get("graph_breaks"), "d"), f"{fmt(c.get('recompiles_after_first_update'), 'd')} "
+             f"({fmt(c.get('recompiles'), 'd')})", fmt(p.get("idle_fraction"), ".1%")]
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
 
-    real_build = training.build_callbacks
-    training.build_callbacks = lambda *a: real_build(*a) + [SyncDebug()]
-    cfg = compose_cfg(["depth=tiny", f"trainer={'gpu' if cuda else 'cpu'}", "train.compile=true",
-                       *settings, "train.max_steps=12", f"log.print_every={WARMUP}",
-                       "eval.every=0", "eval.diag_every=0", "logger=csv", *(SMOKE if smoke else [])])
-    try:
-        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            training.train(cfg, Path(tmp) / "run")
-    finally:
-        training.build_callbacks = real_build
-        if cuda:
-            torch.cuda.set_sync_debug_mode("default")
-    if not cuda:
-        return "run completed; no CUDA, nothing to count"
-    # torch's own words for a synchronizing call (its notice that sync debug mode is a prototype is not one)
-    sites = collections.Counter(f"{w.filename}:{w.lineno}" for w in caught
-                                if "called a synchronizing CUDA operation" in str(w.message))
-    return {"count": sum(sites.values()), "sites": dict(sites)}
+
+def profile_line(run: str, p: dict) -> str:
+    parts = ", ".join(f"{kind} {v['ms_per_update']:,.1f} ms ({v['share']:.0%})" for kind, v in p["families"].items())
+    return (f"{run} profile, {p['updates']} updates of {p['window_ms_per_update']:,.0f} ms, {p['activity']}: busy "
+            f"{p['busy_ms_per_update']:,.0f} ms per update ({p['kernels_per_update']:,} of them), idle "
+            f"{p['idle_fraction']:.1%}: {parts}")
+
+
+def print_report(figures: dict) -> None:
+    print(f"{figures['device']}, torch {figures['torch']}, CUDA {figures['cuda']}, {figures['date']}, "
+          f"{' '.join(figures['settings'])}")
+    print("| run | micro-batches x size | tokens/update | steady updates | tokens/s | MFU "
+          "| peak GB warm-up / steady (predicted) | warm-up s per update | steady s/update | graph breaks "
+          "| recompiles after update 1 (all) | GPU idle |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in figures["runs"]:
+        print(table_row(r))
+    for r in figures["runs"]:
+        c = r.get("compile", {})
+        notes = [r.get("batch_note"), r.get("stopped") and f"stopped {r['stopped']}", r.get("error"),
+                 *c.get("graph_break_reasons", []), *c.get("recompile_reasons", [])]
+        for note in filter(None, notes):
+            print(f"{r['run']}: {note}")
+        if "profile" in r:
+            print(profile_line(r["run"], r["profile"]))
+    s = figures.get("sync_check", {})
+    outcome = s.get("skipped") or s.get("error") or s.get("stopped") or s.get("note") or \
+        f"{s.get('count')} synchronizing CUDA calls {s.get('sites', {})}"
+    print(f"sync check ({s.get('run')}), updates {s.get('updates_checked')}: {outcome}")
+    for check, value in figures["checks"].items():
+        print(f"{check}: {value}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=12, help=f"updates per run (the first {WARMUP} are not counted)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, to test the script on any device")
-    parser.add_argument("--budget-s", type=float, default=330, help="seconds for every part together")
+    parser.add_argument("--budget-s", type=float, default=380, help="seconds for every part together")
     parser.add_argument("--out", type=Path, default=Path("gpu_runs.json"))
     runs_named = [f"{preset}_{mode}" for mode in ("compiled", "eager") for preset in PRESETS]
-    parser.add_argument("--runs", nargs="*", choices=runs_named, default=runs_named,
-                        help="the throughput runs, in this order (default: all; none: only the checks)")
+    parser.add_argument("--runs", nargs="*", choices=runs_named, default=runs_named[:2],
+                        help="the throughput runs, in this order (default: the compiled ones; none: no runs)")
     parser.add_argument("--precision", choices=["bf16-compute", "bf16-mixed"], default="bf16-compute",
                         help="trainer.precision of the training runs (default: the presets')")
     parser.add_argument("--fused-loss-head", choices=["true", "false"], default="true",
                         help="model.fused_loss_head of the training runs (default: the presets')")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    settings = [f"trainer.precision={args.precision}", f"model.fused_loss_head={args.fused_loss_head}"]
+    if args.child:
+        child(json.loads(args.child))
+        return
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # bench/gpu.sh's time limit: stop the child too
     started = time.monotonic()
+    settings = [f"trainer.precision={args.precision}", f"model.fused_loss_head={args.fused_loss_head}"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device != "cuda" and not args.smoke:
         sys.exit("bench/gpu_runs.py: no CUDA device visible to torch (use --smoke to test the script on a CPU)")
-    name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
-    capacity = torch.cuda.get_device_properties(0).total_memory / 1e9 if device == "cuda" else None
     runs = []
-    figures = {"date": str(date.today()), "device": name, "memory_gb": capacity, "torch": torch.__version__,
-               "cuda": torch.version.cuda, "smoke": args.smoke, "budget_s": args.budget_s, "settings": settings,
-               "runs": runs,
+    figures = {"date": str(date.today()), "device": torch.cuda.get_device_name() if device == "cuda" else "CPU",
+               "memory_gb": torch.cuda.get_device_properties(0).total_memory / 1e9 if device == "cuda" else None,
+               "torch": torch.__version__, "cuda": torch.version.cuda, "smoke": args.smoke,
+               "budget_s": args.budget_s, "settings": settings, "runs": runs,
                "checks": exactness_checks(device, args.smoke)}
     args.out.write_text(json.dumps(figures, indent=1))
 
     def left() -> float:
         return args.budget_s - (time.monotonic() - started)
 
-    cache = os.environ.get("XSA_EXP_CACHE")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         (workdir / "corpus").mkdir()
         write_corpus(workdir / "corpus", files=3, docs=300 if args.smoke else 3000)  # learns a 32,768-token BPE
-        os.environ["XSA_EXP_CACHE"] = str(workdir / "cache")  # one tokenizer, learned by the first run
-        data = ["data=local", f"data.path={workdir / 'corpus'}", "data.tokenizer_chars=20000000"]
-        for run in args.runs:  # compiled first by default: the presets' default
-            preset, mode = run.split("_")
-            compiled = mode == "compiled"
-            if left() - SYNC_RUN_S < 30:
-                runs.append({"run": run, "compiled": compiled, "skipped": "out of the time budget"})
-                continue
-            shape = [f"depth={preset}", *data, *settings, *(SMOKE if args.smoke else [])]
-            runs.append(throughput_run(run, shape, compiled, workdir, args.steps, left() - SYNC_RUN_S))
+        env = {**os.environ, "XSA_EXP_CACHE": str(workdir / "cache")}  # one tokenizer, learned by the first run
+        common = ["data=local", f"data.path={workdir / 'corpus'}", "data.tokenizer_chars=20000000", *settings,
+                  "stack=nanochat_2604", "optim.schedule.warmup_steps=0", "xsa.alpha=1", "logger=csv", "eval.every=0",
+                  "eval.core_every=0", "eval.diag_every=0"]
+        for run in args.runs:
+            limit = left() - SYNC_S
+            runs.append(throughput_run(run, common, args.smoke, workdir, env, limit) if limit >= MIN_PART_S
+                        else {"run": run, "skipped": "out of the time budget"})
             args.out.write_text(json.dumps(figures, indent=1))
-    if cache is None:
-        os.environ.pop("XSA_EXP_CACHE")
-    else:
-        os.environ["XSA_EXP_CACHE"] = cache
-    figures["checks"]["synchronizing_cuda_calls_between_host_syncs"] = (  # its run is not bounded: start it in time
-        synchronizing_calls_between_host_syncs(args.smoke, settings) if left() > SYNC_RUN_S / 2
-        else "skipped: out of the time budget")
-    args.out.write_text(json.dumps(figures, indent=1))
-    print(f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, {date.today()}, {' '.join(settings)}")
-    print(f"| run | micro-batch | tokens/s | MFU | peak GB (predicted) | first {WARMUP} updates s/update "
-          "| steady update s | recompiles |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in runs:
-        if "skipped" in r:
-            print(f"| {r['run']} | skipped: {r['skipped']} | | | | | | |")
-            continue
-        if "error" in r:
-            print(f"| {r['run']} | {r['device_batch_size']} | failed: {r['error'][:80]} | | "
-                  f"(predicted {r['predicted_peak_gb']:.1f}) | | | |")
-            continue
-        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
-        print(f"| {r['run']} | {r['device_batch_size']} | {r['tokens_per_sec']:,.0f} | {mfu} "
-              f"| {r['peak_memory_gb']:.1f} ({r['predicted_peak_gb']:.1f}) | {r['first_updates_s']:.1f} "
-              f"| {r['steady_update_s']:.2f} | {r['recompiles']} |")
-    for r in runs:
-        for reason in r.get("recompile_reasons", []):
-            print(f"{r['run']}: {reason}")
-    for check, value in figures["checks"].items():
-        print(f"{check}: {value}")
+        figures["sync_check"] = (sync_check(common, args.smoke, workdir, env, left()) if left() >= MIN_PART_S
+                                 else {"skipped": "out of the time budget"})
+        args.out.write_text(json.dumps(figures, indent=1))
+    print_report(figures)
 
 
 if __name__ == "__main__":
