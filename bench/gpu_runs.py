@@ -46,6 +46,7 @@ The parts, in order, within --budget-s (JSON keys in quotes; gpu_runs.json is re
    sequence 2048, 2 micro-batches of 4 per update, compiled, bf16-compute, the fused loss head, the streamed corpus,
    12 updates with a console line every 4): the synchronizing CUDA calls made by the updates after the warm-up that
    are not host-sync steps, under torch.cuda.set_sync_debug_mode("warn"), with the lines that made them (0 expected).
+   Under --smoke on a CPU it runs eager: there is nothing to count without CUDA.
 
 Budget (--budget-s; bench/gpu.sh gives it the time its other parts are not expected to need): each part is
 expected to take, on one H100/H200, from the H200's figures in BENCHMARKS.md ("GPU figures", taken before the
@@ -175,11 +176,14 @@ def throughput_run(name: str, common: list[str], smoke: bool, workdir: Path, env
 
 
 def sync_check(common: list[str], smoke: bool, workdir: Path, env: dict, limit_s: float) -> dict:
-    overrides = [*common, *SYNC_RUN, *(SMOKE if smoke else [])]
+    # Without CUDA there is nothing to count, so --smoke runs the check's plumbing eager: a third compilation would
+    # add about a minute on a 2-core CPU and test nothing the compiled runs before it do not.
+    overrides = [*common, *SYNC_RUN, *([*SMOKE, "train.compile=false"] if smoke else [])]
     cfg = compose_cfg(overrides)
     run = (f"depth=d12 n_layer={cfg.model.n_layer} n_embd={cfg.model.n_embd}, sequence {cfg.model.sequence_len}, "
            f"{batch_tokens(cfg) // (cfg.train.device_batch_size * cfg.model.sequence_len)} micro-batches of "
-           f"{cfg.train.device_batch_size}, windows {cfg.model.window_pattern}, compiled, {cfg.trainer.precision}, "
+           f"{cfg.train.device_batch_size}, windows {cfg.model.window_pattern}, "
+           f"{'compiled' if cfg.train.compile else 'eager'}, {cfg.trainer.precision}, "
            f"fused loss head {cfg.model.fused_loss_head}, data=local streamed ({cfg.data.num_workers} worker), "
            f"{cfg.train.max_steps} updates, a host sync every {cfg.log.print_every}")
     return {"run": run, "limit_s": round(limit_s),
