@@ -32,6 +32,7 @@ from xsa_exp.report.stats import Estimate, holm_by_family
 
 MANIFEST = "summary.yaml"
 SELECTOR_KEYS = {"depth", "arm", "label"}
+DEFAULT_FORM = " · layers=all · value=mixed"  # an arm label's tail where XSA has its default layers and value
 PLOT_LABEL_CHARS = 60  # a setting label of many keys is cut to this in the plot (the table keeps it whole)
 
 
@@ -141,7 +142,8 @@ def write_summary(results: Path, out_dir: Path | None = None) -> list[Path]:
     write_csv(cells, paths[0])
     paths[1].write_text(markdown(groups))
     plot_forest({recipe: [(plot_label(cell), cell.delta) for cell in group] for recipe, group in groups.items()},
-                paths[2], "Δ val bpb (XSA − baseline), paired over seeds, 95% CI")
+                paths[2], "Δ val bpb (XSA − baseline), paired over seeds, 95% CI; XSA in every layer on the mixed "
+                "value unless the label says otherwise")
     return paths
 
 
@@ -178,4 +180,5 @@ def markdown(groups: dict[str, list[Cell]]) -> str:
 
 def plot_label(cell: Cell) -> str:
     label = cell.label if len(cell.label) <= PLOT_LABEL_CHARS else cell.label[:PLOT_LABEL_CHARS - 1] + "…"
-    return f"{cell.question} · {label} · {cell.arm} (n={cell.delta.n}, Holm p {fmt_p(cell.p_holm)})"
+    arm = cell.arm.replace(DEFAULT_FORM, "")  # XSA's default form, said once in the x label
+    return f"{cell.question} · {label} · {arm} (n={cell.delta.n}, Holm p {fmt_p(cell.p_holm)})"
