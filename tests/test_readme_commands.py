@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
@@ -114,6 +115,7 @@ def test_documented_commands_that_differ_run_different_jobs(stand_ins):
             fixed = [o.input_line for o in overrides if not o.is_sweep_override()]
             swept = sorted(o.input_line for o in overrides if o.is_sweep_override())
             cfg = compose("train", fixed, return_hydra_config=True)
+            HydraConfig.instance().set_config(cfg)  # depth_name and the other group names read Hydra's choices
             jobs = (OmegaConf.to_yaml(cfg.hydra.sweeper), tuple(swept),
                     OmegaConf.to_yaml({k: v for k, v in cfg.items() if k != "hydra"}))
             given = frozenset(fixed + swept)
