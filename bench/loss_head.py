@@ -21,32 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from datetime import date
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from peak_rss import measure_in_child, rss_kib  # bench/peak_rss.py, beside this script
+
 WIDTH, VOCAB, SOFTCAP = 768, 32768, 15.0
 D12_TOKENS = 32 * 2048  # d12's micro-batch
 
 
 def measure(tokens: int, dtype: str, fused: bool, compiled: bool) -> int:
     """Transient bytes of one forward and backward of the head, in a fresh process."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed blocks go back to the system (see above)
-    result = subprocess.run([sys.executable, __file__, "--child", str(tokens), dtype, str(int(fused)),
-                             str(int(compiled))], cwd=REPO, capture_output=True, text=True, timeout=1800, env=env)
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr[-2000:])
-    return int(result.stdout.strip().splitlines()[-1])
-
-
-def rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
+    return measure_in_child(__file__, tokens, dtype, int(fused), int(compiled))
 
 
 def child(tokens: int, dtype: str, fused: bool, compiled: bool) -> None:

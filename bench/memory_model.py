@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from datetime import date
 from pathlib import Path
+
+from peak_rss import measure_in_child, rss_kib  # bench/peak_rss.py, beside this script
 
 from xsa_exp.memory import state_bytes
 from xsa_exp.precision import BF16_COMPUTE
@@ -44,22 +43,7 @@ SEQ, VOCAB = 2048, 32768
 
 def measure(width: int, heads: int, layers: int, compiled: bool, precision: str, fused: bool) -> int:
     """Transient bytes of one training step of one sequence, in a fresh process."""
-    # glibc then serves every block from 64 KiB with its own mmap and returns it when freed, so the resident set
-    # follows the live tensors (else freed activations stay in malloc's heap and hide the next step's peak).
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    result = subprocess.run([sys.executable, __file__, "--child", str(width), str(heads), str(layers),
-                             str(int(compiled)), precision, str(int(fused))], cwd=REPO, capture_output=True,
-                            text=True, timeout=1800, env=env)
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr[-2000:])
-    return int(result.stdout.strip().splitlines()[-1])
-
-
-def rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
+    return measure_in_child(__file__, width, heads, layers, int(compiled), precision, int(fused))
 
 
 def child(width: int, heads: int, layers: int, compiled: bool, precision: str, fused: bool) -> None:

@@ -71,15 +71,23 @@ def test_band_is_min_max_over_seeds(tmp_path):
     assert curve.loc[20, "tokens"] == 20_000
 
 
-def test_optimizer_interaction(tmp_path):
+# Final val/bpb per (optimizer, α) and seed 1-3: Δ under Muon per seed -0.010, -0.012, -0.008; under AdamW
+# -0.002, -0.001, -0.006.
+OPTIMIZER_FINALS = {("muon", 0.0): [0.850, 0.852, 0.848], ("muon", 1.0): [0.840, 0.840, 0.840],
+                    ("adamw", 0.0): [0.900, 0.901, 0.906], ("adamw", 1.0): [0.898, 0.900, 0.900]}
+
+
+def optimizer_study_report(tmp_path):
+    """The report of OPTIMIZER_FINALS' 12 runs."""
     study = tmp_path / "study"
-    # Δ under Muon per seed: -0.010, -0.012, -0.008; under AdamW: -0.002, -0.001, -0.006.
-    finals = {("muon", 0.0): [0.850, 0.852, 0.848], ("muon", 1.0): [0.840, 0.840, 0.840],
-              ("adamw", 0.0): [0.900, 0.901, 0.906], ("adamw", 1.0): [0.898, 0.900, 0.900]}
-    for (optim, alpha), values in finals.items():
+    for (optim, alpha), values in OPTIMIZER_FINALS.items():
         for seed, bpb in enumerate(values, 1):
             make_run(study, f"{optim}-a{alpha:g}-s{seed}", optim=optim, alpha=alpha, seed=seed, final_bpb=bpb)
-    report = build_report([study], tmp_path / "out")
+    return build_report([study], tmp_path / "out")
+
+
+def test_optimizer_interaction(tmp_path):
+    report = optimizer_study_report(tmp_path)
     got = numbers(report)
     arm = "optimizer × α=1 · layers=all · value=mixed"
     inter = np.array([-0.010, -0.012, -0.008]) - np.array([-0.002, -0.001, -0.006])  # -0.008, -0.011, -0.002
@@ -100,13 +108,8 @@ def test_every_paired_test_has_p_holm_sd_and_prediction_interval(tmp_path):
     their interaction (a family of its own); the Δ during training and the Δs beside the interaction are not tests.
     Each gets p, Holm's p within its family, the per-seed SD and the prediction interval of one new pair, in
     numbers.csv and the tables."""
-    study = tmp_path / "study"
-    finals = {("muon", 0.0): [0.850, 0.852, 0.848], ("muon", 1.0): [0.840, 0.840, 0.840],
-              ("adamw", 0.0): [0.900, 0.901, 0.906], ("adamw", 1.0): [0.898, 0.900, 0.900]}
-    for (optim, alpha), values in finals.items():
-        for seed, bpb in enumerate(values, 1):
-            make_run(study, f"{optim}-a{alpha:g}-s{seed}", optim=optim, alpha=alpha, seed=seed, final_bpb=bpb)
-    report = build_report([study], tmp_path / "out")
+    finals = OPTIMIZER_FINALS
+    report = optimizer_study_report(tmp_path)
     got, text = csv_rows(report), report.read_text()
     adamw_xsa, inter = "adamw · α=1 · layers=all · value=mixed", "optimizer × α=1 · layers=all · value=mixed"
     diffs = {(XSA, "paired_delta"): np.subtract(finals["muon", 1.0], finals["muon", 0.0]),
