@@ -163,6 +163,25 @@ def test_a_sweep_checks_every_job_before_the_first(bases):
     assert refusal(config_name, ["-m", "experiment=smoke", "seed=1,abc"]).startswith("seed=abc is not of type int")
 
 
+def test_a_check_that_breaks_stops_the_run_instead_of_becoming_hydras_warning(monkeypatch, capsys):
+    """Hydra turns a callback's exception into a warning and runs on unchecked; a check that breaks (a bug, not a bad
+    value) stops the run with its traceback. Through Hydra's own dispatch of the callbacks train.yaml lists."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.callbacks import Callbacks
+
+    from xsa_exp.config import preflight as checks_before_running
+
+    def broken(entry, cfg):
+        raise RuntimeError("a broken check")
+
+    monkeypatch.setattr(checks_before_running, "check_run", broken)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", return_hydra_config=True)
+    with pytest.raises(SystemExit) as stop:
+        Callbacks(cfg).on_run_start(config=cfg, config_name="train")
+    assert stop.value.code == 1 and "RuntimeError: a broken check" in capsys.readouterr().err
+
+
 def test_the_embedded_corpus_refuses_a_vocabulary_it_cannot_supply():
     message = refusal("train", ["depth=d12"])
     assert message.startswith("model.vocab_size=32768 is more than the embedded corpus supports "

@@ -79,6 +79,30 @@ def test_the_study_shapes_figures():
     assert d24.horizon_tokens / d24.reference_tokens == pytest.approx(3.05, abs=0.01)
 
 
+def test_cfg_job_resolve_prints_the_derived_figures():
+    """`python train.py experiment=xsa_d24 --cfg job --resolve` shows what the run will use, under optim.transfer."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.conftest import REPO
+
+    printed = subprocess.run([sys.executable, "train.py", "experiment=xsa_d24", "--cfg", "job", "--resolve"],
+                             cwd=REPO, capture_output=True, text=True, check=True).stdout
+    shown = yaml.safe_load(printed)["optim"]["transfer"]
+    assert shown == nanochat_transfer(compose_config("experiment=xsa_d24")).as_dict()
+    assert (shown["batch_tokens"], shown["lr_factor"], round(shown["muon_weight_decay"], 3)) == (2**20, 2**0.5, 0.130)
+
+
+@pytest.mark.parametrize("override", ["optim.transfer.lr_factor=2", "optim.transfer.batch_tokens=null"])
+def test_the_derived_figures_are_read_only(override):
+    from xsa_exp.config.checks import validate
+
+    with pytest.raises(ConfigError, match=r"optim.transfer is read-only: .* set train.total_batch_tokens"):
+        validate(compose_config("experiment=xsa_d24", "data.local_dir=/", "eval.core_every=0", override))
+
+
 def test_a_given_batch_is_kept_and_scales_the_lrs_and_weight_decay():
     cfg = compose_config("experiment=xsa_d24", "data.local_dir=/", "eval.core_every=0",
                          "train.total_batch_tokens=524288")
@@ -106,6 +130,7 @@ def test_the_cpu_study_presets_take_the_stacks_lrs_as_given(preset):
     """The committed study on the stack ran its lrs and weight decay as given: the presets pin the transfer off."""
     cfg = compose_config(f"experiment={preset}")
     assert cfg.stack_name == "nanochat_2604" and not cfg.optim.nanochat_transfer and nanochat_transfer(cfg) is None
+    assert set(cfg.optim.transfer.values()) == {None}
 
 
 @pytest.mark.slow

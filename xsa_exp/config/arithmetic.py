@@ -103,6 +103,11 @@ def nanochat_transfer(cfg) -> Transfer | None:
     return Transfer(batch, given is None, lr_factor, weight_decay, horizon, reference)
 
 
+def transfer_figure(name: str, *, _root_):
+    """optim.transfer's keys (the resolver ${nanochat_transfer:<name>}): one figure of nanochat_transfer(cfg)."""
+    return getattr(nanochat_transfer(_root_), name, None)
+
+
 def batch_tokens(cfg) -> int:
     """Tokens per update: train.total_batch_tokens, or nanochat's batch rule's where that is null."""
     if cfg.train.total_batch_tokens is not None:

@@ -103,6 +103,10 @@ def check_xsa(x: DictConfig, m: DictConfig) -> None:
 
 
 def check_optim(o: DictConfig) -> None:
+    derived = OmegaConf.to_container(OmegaConf.structured(schema.TransferConfig))  # the ${nanochat_transfer:...}
+    if OmegaConf.to_container(o.transfer, resolve=False) != derived:
+        raise ConfigError("optim.transfer is read-only: it shows what optim.nanochat_transfer derives; set "
+                          "train.total_batch_tokens, optim.muon.weight_decay or optim.nanochat_transfer instead")
     roles = set(schema.LrConfig.__dataclass_fields__)
     for key_name, betas in [("betas", o.adamw.betas), *((f"role_betas.{r}", b) for r, b in o.adamw.role_betas.items())]:
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):

@@ -15,7 +15,9 @@ import copy
 import os
 import re
 import sys
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -30,7 +32,7 @@ from xsa_exp.config.arithmetic import world_size
 from xsa_exp.config.checks import validate, validate_evaluate
 from xsa_exp.config.keys import allowed, bounds, fmt, leaves, type_name, unknown_key_message
 from xsa_exp.config.sweep import sweep_jobs
-from xsa_exp.errors import ConfigError, exit_on_user_error
+from xsa_exp.errors import ConfigError, UserError, exit_on_user_error
 
 
 class Preflight(Callback):
@@ -41,13 +43,26 @@ class Preflight(Callback):
         self.entry = entry
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        # Hydra turns a callback's Exception into a warning; exit_on_user_error exits (SystemExit) instead.
-        with exit_on_user_error(label=ConfigError.label):
+        with stop_on_error():
             check_run(self.entry, config)
 
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **kwargs) -> None:
-        with exit_on_user_error(label=ConfigError.label):
+        with stop_on_error():
             check_sweep(self.entry, sweep_configs(config, config_name or self.entry))
+
+
+@contextmanager
+def stop_on_error() -> Iterator[None]:
+    """Hydra turns a callback's Exception into a warning and runs on unchecked; a problem found is one line and exit
+    status 2 (exit_on_user_error), a failing check its traceback and exit status 1 (SystemExit passes Hydra)."""
+    with exit_on_user_error(label=ConfigError.label):
+        try:
+            yield
+        except UserError:
+            raise
+        except Exception:
+            traceback.print_exc()
+            sys.exit(1)
 
 
 def check_run(entry: str, cfg: DictConfig) -> None:

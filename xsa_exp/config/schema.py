@@ -158,6 +158,22 @@ class ScheduleConfig:
 
 
 @dataclass
+class TransferConfig:
+    """Read-only: what optim.nanochat_transfer derives for this run (null when off), as config, so that
+    `--cfg job --resolve` and wandb's config show it. Each key is ${nanochat_transfer:<key>}."""
+    batch_tokens: Optional[int] = key("${nanochat_transfer:batch_tokens}",
+                                      "read-only: tokens per update (derived, or as given)")
+    batch_derived: Optional[bool] = key("${nanochat_transfer:batch_derived}",
+                                        "read-only: whether nanochat's batch rule gave it")
+    lr_factor: Optional[float] = key("${nanochat_transfer:lr_factor}", "read-only: the lrs' factor, sqrt(batch / 2^19)")
+    muon_weight_decay: Optional[float] = key("${nanochat_transfer:muon_weight_decay}", "read-only: Muon's weight decay")
+    horizon_tokens: Optional[int] = key("${nanochat_transfer:horizon_tokens}",
+                                        "read-only: the run's horizon D in tokens")
+    reference_tokens: Optional[float] = key("${nanochat_transfer:reference_tokens}",
+                                            "read-only: nanochat's d12's horizon D_ref")
+
+
+@dataclass
 class OptimConfig:
     matrix_algorithm: str = key("muon", "optimizer of the hidden matrices", choices=("muon", "adamw"))
     lr_scale: float = key(1.0, "multiplies every learning rate (the stability sweep's knob)", gt=0,
@@ -167,6 +183,7 @@ class OptimConfig:
                                          "train.total_batch_tokens is null (x (horizon / d12's)^0.383, a power of 2), "
                                          "lrs x sqrt(batch / 2^19), Muon weight decay x sqrt(batch / 2^19) x d12's "
                                          "horizon / this run's")
+    transfer: TransferConfig = field(default_factory=lambda: TransferConfig())
     lr: LrConfig = field(default_factory=LrConfig)
     muon: MuonConfig = field(default_factory=MuonConfig)
     adamw: AdamWConfig = field(default_factory=AdamWConfig)
@@ -403,10 +420,12 @@ def register() -> None:
     from omegaconf import OmegaConf
 
     from xsa_exp.arm import Arm
-    from xsa_exp.config.arithmetic import nanochat_shape
+    from xsa_exp.config.arithmetic import nanochat_shape, transfer_figure
 
     # a run directory's name (train.yaml's hydra.run.dir)
     OmegaConf.register_new_resolver("run_name", Arm.run_name, replace=True)
+    # optim.transfer: the figures optim.nanochat_transfer derives, as config (--cfg job --resolve, wandb's config)
+    OmegaConf.register_new_resolver("nanochat_transfer", transfer_figure, replace=True)
     # depth=nanochat's shape from its depth: ${nanochat_shape:n_embd,${model.n_layer}}
     OmegaConf.register_new_resolver("nanochat_shape", lambda part, n_layer: nanochat_shape(n_layer)[
         ("n_embd", "n_head").index(part)], replace=True)
