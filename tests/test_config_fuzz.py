@@ -163,23 +163,18 @@ def test_a_sweep_checks_every_job_before_the_first(bases):
     assert refusal(config_name, ["-m", "experiment=smoke", "seed=1,abc"]).startswith("seed=abc is not of type int")
 
 
-def test_a_check_that_breaks_stops_the_run_instead_of_becoming_hydras_warning(monkeypatch, capsys):
+def test_a_check_that_breaks_stops_the_run_instead_of_becoming_hydras_warning(tmp_path):
     """Hydra turns a callback's exception into a warning and runs on unchecked; a check that breaks (a bug, not a bad
-    value) stops the run with its traceback. Through Hydra's own dispatch of the callbacks train.yaml lists."""
-    from hydra import compose, initialize_config_dir
-    from hydra._internal.callbacks import Callbacks
-
-    from xsa_exp.config import preflight as checks_before_running
-
-    def broken(entry, cfg):
-        raise RuntimeError("a broken check")
-
-    monkeypatch.setattr(checks_before_running, "check_run", broken)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", return_hydra_config=True)
-    with pytest.raises(SystemExit) as stop:
-        Callbacks(cfg).on_run_start(config=cfg, config_name="train")
-    assert stop.value.code == 1 and "RuntimeError: a broken check" in capsys.readouterr().err
+    value) stops `python train.py` with its traceback, before the run directory exists."""
+    breaks_then_trains = ("import runpy, xsa_exp.config.preflight as checks\n"
+                          "def broken(entry, cfg): raise RuntimeError('a broken check')\n"
+                          "checks.check_run = broken\n"
+                          "runpy.run_path('train.py', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", breaks_then_trains, f"hydra.run.dir={tmp_path / 'run'}",
+                             "train.max_steps=1", "logger=csv"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "RuntimeError: a broken check" in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_embedded_corpus_refuses_a_vocabulary_it_cannot_supply():
