@@ -183,7 +183,7 @@ class OptimConfig:
                                          "train.total_batch_tokens is null (x (horizon / d12's)^0.383, a power of 2), "
                                          "lrs x sqrt(batch / 2^19), Muon weight decay x sqrt(batch / 2^19) x d12's "
                                          "horizon / this run's")
-    transfer: TransferConfig = field(default_factory=lambda: TransferConfig())
+    transfer: TransferConfig = field(default_factory=TransferConfig)
     lr: LrConfig = field(default_factory=LrConfig)
     muon: MuonConfig = field(default_factory=MuonConfig)
     adamw: AdamWConfig = field(default_factory=AdamWConfig)

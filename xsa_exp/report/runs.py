@@ -35,8 +35,8 @@ class RunProblem(Exception):
 # optimizer) and the seed are not settings, nor is a key that only the optimizer arm changes (optim=adamw's matrix lr).
 LENGTH_KEYS = ("train.max_steps", "train.target_tokens", "train.epochs", "train.param_data_ratio")
 SETTING_KEYS = ("stack_name", "model.", "xsa.eps", "optim.width_lr_scaling", "optim.muon.", "optim.lr.",
-                "optim.adamw.", "optim.schedule.", *LENGTH_KEYS, "train.total_batch_tokens", "train.grad_clip",
-                "train.compile", "data.name", "data.tokenizer_chars", "trainer.precision")
+                "optim.adamw.", "optim.schedule.", "optim.transfer.", *LENGTH_KEYS, "train.total_batch_tokens",
+                "train.grad_clip", "train.compile", "data.name", "data.tokenizer_chars", "trainer.precision")
 
 
 @dataclass
