@@ -108,12 +108,11 @@ def test_every_paired_test_has_p_holm_sd_and_prediction_interval(tmp_path):
     their interaction (a family of its own); the Δ during training and the Δs beside the interaction are not tests.
     Each gets p, Holm's p within its family, the per-seed SD and the prediction interval of one new pair, in
     numbers.csv and the tables."""
-    finals = OPTIMIZER_FINALS
     report = optimizer_study_report(tmp_path)
     got, text = csv_rows(report), report.read_text()
     adamw_xsa, inter = "adamw · α=1 · layers=all · value=mixed", "optimizer × α=1 · layers=all · value=mixed"
-    diffs = {(XSA, "paired_delta"): np.subtract(finals["muon", 1.0], finals["muon", 0.0]),
-             (adamw_xsa, "paired_delta"): np.subtract(finals["adamw", 1.0], finals["adamw", 0.0])}
+    diffs = {(XSA, "paired_delta"): np.subtract(OPTIMIZER_FINALS["muon", 1.0], OPTIMIZER_FINALS["muon", 0.0]),
+             (adamw_xsa, "paired_delta"): np.subtract(OPTIMIZER_FINALS["adamw", 1.0], OPTIMIZER_FINALS["adamw", 0.0])}
     diffs[inter, "interaction"] = diffs[XSA, "paired_delta"] - diffs[adamw_xsa, "paired_delta"]
     p = {key: stats.ttest_1samp(d, 0.0).pvalue for key, d in diffs.items()}  # 0.013, 0.19, 0.12
     # Holm by hand within each family: of the two paired Δ, the smaller p (Muon's) × 2, the larger × 1; the

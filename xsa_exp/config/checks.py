@@ -102,9 +102,11 @@ def check_xsa(x: DictConfig, m: DictConfig) -> None:
     resolve_layers(layers, m.n_layer, value_embedding_layers(m.n_layer, m.value_embeds))
 
 
+DERIVED_TRANSFER = OmegaConf.to_container(OmegaConf.structured(schema.TransferConfig))  # ${nanochat_transfer:...}
+
+
 def check_optim(o: DictConfig) -> None:
-    derived = OmegaConf.to_container(OmegaConf.structured(schema.TransferConfig))  # the ${nanochat_transfer:...}
-    if OmegaConf.to_container(o.transfer, resolve=False) != derived:
+    if OmegaConf.to_container(o.transfer, resolve=False) != DERIVED_TRANSFER:
         raise ConfigError("optim.transfer is read-only: it shows what optim.nanochat_transfer derives; set "
                           "train.total_batch_tokens, optim.muon.weight_decay or optim.nanochat_transfer instead")
     roles = set(schema.LrConfig.__dataclass_fields__)
