@@ -4,6 +4,7 @@ study's path. Part of `bash bench/gpu.sh`.
 
     python bench/gpu_runs.py --out gpu_runs.json            # on a CUDA machine: about 6 minutes (below)
     python bench/gpu_runs.py --smoke --out smoke.json       # the same plumbing at tiny shapes, on any device
+                                                            # (compiled by Dynamo with aot_eager, not Inductor)
     python bench/gpu_runs.py --runs d12_compiled d12_eager  # eager runs only when asked for
     python bench/gpu_runs.py --runs d12_compiled --precision bf16-mixed --fused-loss-head false   # the old setting
 
@@ -63,6 +64,7 @@ import argparse
 import collections
 import contextlib
 import copy
+import functools
 import json
 import logging
 import os
@@ -113,6 +115,9 @@ SMOKE = ["model.n_layer=2", "model.n_embd=128", "model.n_head=2", "model.sequenc
 # The sync check's run: the study's path at a size that compiles fast and still has windows (3 of its 4 layers).
 SYNC_RUN = ["depth=d12", "model.n_layer=4", "train.device_batch_size=4", "train.total_batch_tokens=16384",
             "train.compile=true", "train.max_steps=12", "log.print_every=4"]
+# --smoke's compiled runs: Dynamo's graph capture, so graph breaks and recompiles are counted as on a GPU, without
+# Inductor's C++ compilation (half a minute a run on 2 CPU cores); tests/test_training.py compiles with Inductor.
+SMOKE_BACKEND = "aot_eager"
 OPTIMIZER_MARK = "gpu_runs: optimizer step"  # the profiler's range from on_before_optimizer_step to the update's end
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # the profiler's GPU activities that keep the device busy
 LAUNCHES = ("cuda_runtime", "cuda_driver")  # the host calls that queue them (triton launches through the driver)
@@ -172,7 +177,8 @@ def throughput_run(name: str, common: list[str], smoke: bool, workdir: Path, env
             f"the preset's {preset_batch:,}: {STEADY} steady updates of the real batch would not fit bench/gpu.sh's "
             "budget; the micro-batches are the preset's, so tokens/s and MFU differ from the real batch's only by "
             "the optimizer step's share, which is smaller there")
-    return {**figures, **run_child(name, {"kind": "throughput", "overrides": overrides}, workdir, env, limit_s)}
+    spec = {"kind": "throughput", "overrides": overrides, "compile_backend": SMOKE_BACKEND if smoke else None}
+    return {**figures, **run_child(name, spec, workdir, env, limit_s)}
 
 
 def sync_check(common: list[str], smoke: bool, workdir: Path, env: dict, limit_s: float) -> dict:
@@ -223,6 +229,8 @@ def run_child(name: str, spec: dict, workdir: Path, env: dict, limit_s: float) -
 def child(spec: dict) -> None:
     from xsa_exp.training import run as training
 
+    if spec.get("compile_backend"):  # every torch.compile of the run, training's own included
+        torch.compile = functools.partial(torch.compile, backend=spec["compile_backend"])
     cfg = compose_cfg(spec["overrides"])
     result = Path(spec["result"])
     compile_log = CompileLog()

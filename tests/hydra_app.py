@@ -17,23 +17,40 @@ from xsa_exp.config.preflight import check_run, check_sweep, composition_error, 
 from xsa_exp.errors import ConfigError
 
 
-def compose_command_line(entry: str, argv: list[str]) -> tuple[list[DictConfig], bool]:
-    """The configs of the runs a command line starts (one per sweep job) and whether it is a sweep."""
+def compose_base(entry: str, argv: list[str]) -> tuple[DictConfig, bool]:
+    """The config Hydra composes from the command line (a sweep's base config) and whether it is a sweep."""
     multirun = "-m" in argv
     overrides = [arg for arg in argv if arg != "-m"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         mode = RunMode.MULTIRUN if multirun else RunMode.RUN
         try:
-            cfg = GlobalHydra.instance().hydra.compose_config(entry, overrides, run_mode=mode)
+            return GlobalHydra.instance().hydra.compose_config(entry, overrides, run_mode=mode), multirun
         except (HydraException, OmegaConfBaseException) as e:
             raise ConfigError(composition_error(e, overrides, lambda rest: compose(entry, rest))) from None
-        return (sweep_configs(cfg, entry) if multirun else [cfg]), multirun
 
 
-def preflight(entry: str, argv: list[str]) -> list[DictConfig]:
-    runs, multirun = compose_command_line(entry, argv)
+def run_configs(entry: str, base: DictConfig, multirun: bool) -> list[DictConfig]:
+    """The configs of the runs a command line starts: one per sweep job."""
+    if not multirun:
+        return [base]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return sweep_configs(base, entry)
+
+
+def compose_command_line(entry: str, argv: list[str]) -> tuple[list[DictConfig], bool]:
+    base, multirun = compose_base(entry, argv)
+    return run_configs(entry, base, multirun), multirun
+
+
+def check_runs(entry: str, runs: list[DictConfig], multirun: bool) -> None:
+    """The preflight callback's checks of a command's runs."""
     if multirun:
         check_sweep(entry, runs)
     else:
         check_run(entry, runs[0])
+
+
+def preflight(entry: str, argv: list[str]) -> list[DictConfig]:
+    runs, multirun = compose_command_line(entry, argv)
+    check_runs(entry, runs, multirun)
     return runs

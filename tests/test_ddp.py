@@ -18,14 +18,22 @@ pytestmark = pytest.mark.slow
 
 
 def run(tmp_path, name, devices):
+    """The 2-device run by `python train.py` (Lightning starts the second rank as a copy of the command), the
+    1-device one in this process."""
     run_dir = tmp_path / name
     # fp32 Newton-Schulz: the two set-ups sum the same gradients in a different order, and bf16 would
     # turn those last-bit differences into visible ones.
     args = [*SMALL, "trainer=ddp" if devices > 1 else "trainer=cpu", "trainer.accelerator=cpu",
-            f"trainer.devices={devices}", "train.max_steps=5", "eval.every=5",
-            "optim.muon.ns_dtype=float32", f"hydra.run.dir={run_dir}"]
-    result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+            f"trainer.devices={devices}", "train.max_steps=5", "eval.every=5", "optim.muon.ns_dtype=float32"]
+    if devices > 1:
+        result = subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+    else:
+        from tests.conftest import compose_config
+        from xsa_exp.training.run import train  # here: Lightning reads a process's rank once, when imported
+
+        train(compose_config(*args), run_dir)
     with open(run_dir / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     weights = torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=False)["state_dict"]

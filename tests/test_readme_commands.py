@@ -3,21 +3,22 @@ inline code of the README, of the reference pages (docs/*.md) and of the study's
 and in the experiment presets' comments, composes and passes the preflight (every key, value and sweep job checked,
 data files included), with local stand-ins for what a user's machine has: a ClimbMix mirror (empty shard files under
 the real names), a folder of jsonl files, a finished base run for the SFT commands. So a documented command cannot
-drift from the configs."""
+drift from the configs. Each sweep job is composed once (about 1,400 of them at 0.1 s each: most of this module's
+time), and each command's base config once per process, for both tests."""
 
+import functools
 import os
 import re
 import shlex
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, REPO
-from tests.hydra_app import compose_command_line, preflight
+from tests.hydra_app import check_runs, compose_base, run_configs
 from xsa_exp.eval.bundle import BundleError
 
 BUNDLE = Path(os.environ.get("XSA_EXP_EVAL_BUNDLE") or REPO.parent / "shared" / "eval_bundle")
@@ -46,7 +47,7 @@ def readme_commands() -> list[tuple[str, str]]:
 COMMANDS = readme_commands()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # the paths are part of each base config's key, kept across the module's setups
 def stand_ins(tmp_path_factory):
     root = tmp_path_factory.mktemp("readme")
     mirror = root / "climbmix"
@@ -61,6 +62,8 @@ def stand_ins(tmp_path_factory):
             "/data/*.jsonl": str(jsonl / "*.jsonl"), "<partition>": "gpu", "<date>": "2026-12-01", "<time>": "00-00-00",
             "<run or .ckpt>": "runs/2026-12-01/run", "$d": "runs/d24_sft/0"}
 
+
+base_config = functools.cache(lambda entry, argv: compose_base(entry, list(argv)))  # (config, multirun)
 
 PRINT_FLAGS = {"--cfg": 1, "--resolve": 0, "--package": 1}  # Hydra's flags printing a run's config: (values taken)
 
@@ -93,8 +96,10 @@ def test_the_readme_has_the_commands_this_test_reads():
 def test_readme_command_passes_the_preflight(entry, args, stand_ins, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative run and sweep directories land here
     argv = arguments(args, stand_ins)
+    base, multirun = base_config(entry, tuple(argv))
+    runs = run_configs(entry, base, multirun)
     if entry == "train" and any(a.startswith("init_from=") for a in argv):  # a finished base run to start from
-        for cfg in compose_command_line(entry, argv)[0]:
+        for cfg in runs:
             base = tmp_path / cfg.init_from
             (base / "checkpoints").mkdir(parents=True, exist_ok=True)
             (base / "checkpoints" / "final.ckpt").touch()
@@ -102,7 +107,7 @@ def test_readme_command_passes_the_preflight(entry, args, stand_ins, tmp_path, m
     if BUNDLE.is_dir():  # the presets at d12/d24 run CORE during training (the README says to download it)
         monkeypatch.setenv("XSA_EXP_EVAL_BUNDLE", str(BUNDLE))
     try:
-        runs = preflight(entry, argv)
+        check_runs(entry, runs, multirun)
     except BundleError:
         if BUNDLE.is_dir():
             raise
@@ -117,18 +122,17 @@ def test_documented_commands_that_differ_run_different_jobs(stand_ins):
     reference's to the bit."""
     parser = OverridesParser.create()
     seen = {}
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for entry, args in COMMANDS:
-            if entry != "train" or PRINT_FLAGS.keys() & set(args.split()):  # a config printed runs no job
-                continue
-            overrides = parser.parse_overrides([a for a in arguments(args, stand_ins)
-                                                if a != "-m" and not a.startswith("hydra")])
-            fixed = [o.input_line for o in overrides if not o.is_sweep_override()]
-            swept = sorted(o.input_line for o in overrides if o.is_sweep_override())
-            cfg = compose("train", fixed, return_hydra_config=True)
-            HydraConfig.instance().set_config(cfg)  # depth_name and the other group names read Hydra's choices
-            jobs = (OmegaConf.to_yaml(cfg.hydra.sweeper), tuple(swept),
-                    OmegaConf.to_yaml({k: v for k, v in cfg.items() if k != "hydra"}))
-            given = frozenset(fixed + swept)
-            other = seen.setdefault(jobs, (given, args))
-            assert other[0] == given, f"these commands run the same jobs:\n  {other[1]}\n  {args}"
+    for entry, args in COMMANDS:
+        if entry != "train" or PRINT_FLAGS.keys() & set(args.split()):  # a config printed runs no job
+            continue
+        argv = arguments(args, stand_ins)
+        overrides = parser.parse_overrides([a for a in argv if a != "-m" and not a.startswith("hydra")])
+        fixed = [o.input_line for o in overrides if not o.is_sweep_override()]
+        swept = sorted(o.input_line for o in overrides if o.is_sweep_override())
+        cfg, _ = base_config(entry, tuple(argv))  # a sweep's base config: the command's fixed overrides
+        HydraConfig.instance().set_config(cfg)  # depth_name and the other group names read Hydra's choices
+        jobs = (OmegaConf.to_yaml(cfg.hydra.sweeper), tuple(swept),
+                OmegaConf.to_yaml({k: v for k, v in cfg.items() if k != "hydra"}))
+        given = frozenset(fixed + swept)
+        other = seen.setdefault(jobs, (given, args))
+        assert other[0] == given, f"these commands run the same jobs:\n  {other[1]}\n  {args}"

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,8 +18,9 @@ from xsa_exp.run_dir import RunError
 from xsa_exp.training.run import train
 from xsa_exp.write_failures import WriteFailed
 
-pytestmark = pytest.mark.slow
-ARGS = [*SMALL, "train.max_steps=9", "train.checkpoint_every=3", "eval.every=2", "eval.diag_every=4"]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]  # one worker trains each reference run once
+STEPS = ["train.max_steps=9", "eval.every=2", "eval.diag_every=4"]  # the runs compared with an uninterrupted one
+KILLED = [*STEPS, "train.checkpoint_every=3", "resume=auto"]
 
 
 MACHINE_COLUMNS = {"train/tokens_per_sec", "train/mfu", "train/peak_memory_gb"}  # how fast and how big, not what
@@ -34,14 +36,24 @@ def final_weights(run_dir):
 
 
 def command(run_dir, *extra):
-    return [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "resume=auto", *ARGS, *extra]
+    return [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *SMALL, *KILLED, *extra]
+
+
+references = {}  # the uninterrupted runs, by precision switches: trained once per worker, for every test here
+
+
+def reference(tmp_path_factory, small_cfg, switches=()):
+    if tuple(switches) not in references:
+        references[tuple(switches)] = train(small_cfg(*STEPS, *switches), tmp_path_factory.mktemp("ref"))
+    return references[tuple(switches)]
 
 
 @pytest.mark.parametrize("switches", [["trainer.precision=32-true"], ["trainer.precision=bf16-mixed"],
                                       ["trainer.precision=bf16-compute", "model.fused_loss_head=true"]])
-def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg, switches):
-    reference = train(small_cfg("train.max_steps=9", "train.checkpoint_every=3", "eval.every=2", "eval.diag_every=4",
-                                *switches), tmp_path / "reference")
+def test_sigkill_then_resume_is_bit_identical(tmp_path, tmp_path_factory, small_cfg, switches, caplog):
+    """Killed by `python train.py`'s process, resumed by the same config in this one (the command line's resume is
+    the preemption test's below)."""
+    uninterrupted = reference(tmp_path_factory, small_cfg, switches)
     run_dir = tmp_path / "killed"
     process = subprocess.Popen(command(run_dir, *switches), cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -52,13 +64,12 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, small_cfg, switches):
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert not (run_dir / "checkpoints" / "final.ckpt").exists(), "the run finished before it could be killed"
-    resumed = subprocess.run(command(run_dir, *switches), cwd=REPO, capture_output=True,
-                             text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from" in resumed.stderr + resumed.stdout
-    assert rows(run_dir) == rows(reference)  # same losses, bpb, lrs; no duplicated or missing steps
-    assert (run_dir / "diagnostics.jsonl").read_text() == (reference / "diagnostics.jsonl").read_text()
-    ours, theirs = final_weights(run_dir), final_weights(reference)
+    with caplog.at_level(logging.INFO):
+        train(small_cfg(*KILLED, *switches), run_dir)
+    assert "resuming from" in caplog.text
+    assert rows(run_dir) == rows(uninterrupted)  # same losses, bpb, lrs; no duplicated or missing steps
+    assert (run_dir / "diagnostics.jsonl").read_text() == (uninterrupted / "diagnostics.jsonl").read_text()
+    ours, theirs = final_weights(run_dir), final_weights(uninterrupted)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
     assert (sorted(p.name for p in (run_dir / "checkpoints").glob("step*.ckpt"))
@@ -156,11 +167,12 @@ def test_every_preemption_signal_gets_the_same_handler_for_the_run_and_the_old_o
 # SIGUSR1 and SIGUSR2 have the same handler (test above). With a periodic checkpoint at every step, the signal's
 # step is one the periodic checkpoint saves: it must be written once, not again as a -v1 copy.
 @pytest.mark.parametrize("signum,checkpoint_every", [(signal.SIGTERM, 0), (signal.SIGTERM, 1)])
-def test_preemption_signal_saves_at_the_next_update_and_exits_cleanly(tmp_path, small_cfg, signum, checkpoint_every):
-    reference = train(small_cfg("train.max_steps=9", "eval.every=2", "eval.diag_every=4"), tmp_path / "reference")
+def test_preemption_signal_saves_at_the_next_update_and_exits_cleanly(tmp_path, tmp_path_factory, small_cfg, signum,
+                                                                      checkpoint_every):
+    uninterrupted = reference(tmp_path_factory, small_cfg)
     run_dir = tmp_path / "preempted"
-    args = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "resume=auto", *SMALL, "train.max_steps=9",
-            "eval.every=2", "eval.diag_every=4", "log.print_every=1", f"train.checkpoint_every={checkpoint_every}"]
+    args = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "resume=auto", *SMALL, *STEPS,
+            f"train.checkpoint_every={checkpoint_every}"]
     process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in process.stdout:  # signal as soon as step 2 has been logged
         if "step      2/9 | loss" in line:
@@ -176,8 +188,8 @@ def test_preemption_signal_saves_at_the_next_update_and_exits_cleanly(tmp_path, 
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     kept = ["final.ckpt"] + (["step000008.ckpt", "step000009.ckpt"] if checkpoint_every else [])  # not the signal's
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == kept
-    assert rows(run_dir) == rows(reference)
-    ours, theirs = final_weights(run_dir), final_weights(reference)
+    assert rows(run_dir) == rows(uninterrupted)
+    ours, theirs = final_weights(run_dir), final_weights(uninterrupted)
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 

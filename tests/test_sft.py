@@ -248,20 +248,26 @@ def test_smoke_pipeline_base_then_sft_then_chatcore(sft_run):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("sft_run")
-def test_evaluate_py_under_torchrun_gives_the_one_process_results(sft_run):
+def test_evaluate_py_under_torchrun_gives_the_one_process_results(sft_run, monkeypatch):
     """Two gloo processes (torchrun) share bpb's rows, CORE's examples and ChatCORE's batches (one prompt each, so
-    both ranks answer some of every task) and write one results folder: the one process's, example for example."""
+    both ranks answer some of every task) and write one results folder: the one process's (here, evaluate.py's
+    function in this process), example for example."""
+    from hydra import compose, initialize_config_dir
+
+    from xsa_exp.evaluate_run import evaluate
+
     common = [f"run={sft_run}", f"eval.bundle_dir={BUNDLE}", "eval.metrics=[bpb,core,chatcore]",
               "eval.core_max_per_task=2", "eval.chatcore.max_per_task=3", "eval.chatcore.batch_size=1",
               "eval.chatcore.max_new_tokens=24", f"eval.chatcore.mmlu.data_files={FIXTURES / 'mmlu_test.jsonl'}"]
-    env = {**EVAL_ENV, "OMP_NUM_THREADS": "1"}
-    folders = []
-    for launcher in ([sys.executable], [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                        "--nproc_per_node=2"]):
-        before = set((sft_run / "eval").glob("*"))
-        subprocess.run([*launcher, "evaluate.py", *common], cwd=REPO, env=env, check=True, capture_output=True)
-        [folder] = set((sft_run / "eval").glob("*")) - before  # rank 1 writes nothing
-        folders.append(folder)
+    for name in ("HF_HUB_OFFLINE", "WANDB_MODE"):
+        monkeypatch.setenv(name, EVAL_ENV[name])
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        folders = [evaluate(compose(config_name="evaluate", overrides=common))]
+    before = set((sft_run / "eval").glob("*"))
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "evaluate.py",
+                    *common], cwd=REPO, env={**EVAL_ENV, "OMP_NUM_THREADS": "1"}, check=True, capture_output=True)
+    [folder] = set((sft_run / "eval").glob("*")) - before  # rank 1 writes nothing
+    folders.append(folder)
     alone, shared = ({name: (folder / name).read_text() for name in
                       ("summary.json", "core_examples.jsonl", "core_tasks.csv", "chatcore_examples.jsonl")}
                      for folder in folders)

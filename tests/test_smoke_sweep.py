@@ -11,6 +11,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_smoke_sweep_with_two_seeds_then_report(tmp_path):
+    from xsa_exp.report.cli import main
+
     sweep = tmp_path / "sweep"
     model = [o for o in SMALL if o.startswith("model.") or o.startswith("train.")]
     train = subprocess.run([sys.executable, "train.py", "-m", "experiment=smoke", "seed=1,2",
@@ -22,9 +24,7 @@ def test_smoke_sweep_with_two_seeds_then_report(tmp_path):
     assert jobs == ["0", "1", "2", "3"]  # xsa.alpha=0,1 x seed=1,2
     assert all((sweep / j / "status.json").is_file() for j in jobs)
 
-    report = subprocess.run([sys.executable, "-m", "xsa_exp.report", str(sweep)], cwd=REPO, capture_output=True,
-                            text=True, timeout=300)
-    assert report.returncode == 0, report.stderr[-3000:]
+    main([str(sweep)])  # `python -m xsa_exp.report <sweep>`, in this process (tests/test_report.py runs the command)
     text = (sweep / "report" / "report.md").read_text()
     assert "no XSA" in text and "α=1" in text
     assert "(n=2)" in text  # two seeds pooled per arm
@@ -33,27 +33,25 @@ def test_smoke_sweep_with_two_seeds_then_report(tmp_path):
 
 
 def test_joblib_sweep_runs_jobs_in_parallel_bit_identical_to_one_at_a_time(tmp_path):
-    """hydra/launcher=joblib (one thread per job) gives every job the rows and weights the basic launcher's
-    one-at-a-time jobs get."""
+    """hydra/launcher=joblib (one thread per job, two at once) gives every job the rows and weights of the same run
+    trained alone (here, in this process, as the basic launcher runs its jobs)."""
     import torch
 
-    from tests.test_resume import rows
+    from tests.conftest import compose_config
+    from tests.test_resume import final_weights, rows
+    from xsa_exp.training.run import train
 
     model = [o for o in SMALL if o.startswith(("model.", "train.", "eval."))]
-    sweeps = {}
-    for launcher in ("basic", "joblib"):
-        sweeps[launcher] = tmp_path / launcher
-        extra = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
-        result = subprocess.run([sys.executable, "train.py", "-m", *extra, "xsa.alpha=0,1", "logger=csv", *model,
-                                 "train.max_steps=4", "eval.every=2", "train.cpu_threads=1",
-                                 f"hydra.sweep.dir={sweeps[launcher]}"], cwd=REPO, capture_output=True, text=True,
-                                timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
-    for job in ("0", "1"):
-        basic, joblib = sweeps["basic"] / job, sweeps["joblib"] / job
-        assert rows(joblib) == rows(basic)
-        ours = torch.load(joblib / "checkpoints" / "final.ckpt", weights_only=False)["state_dict"]
-        theirs = torch.load(basic / "checkpoints" / "final.ckpt", weights_only=False)["state_dict"]
+    settings = ["logger=csv", *model, "train.max_steps=4", "eval.every=2", "train.cpu_threads=1"]
+    sweep = tmp_path / "joblib"
+    result = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                             "xsa.alpha=0,1", *settings, f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job, alpha in (("0", 0), ("1", 1)):
+        alone = train(compose_config(f"xsa.alpha={alpha}", *settings), tmp_path / "alone" / job)
+        assert rows(sweep / job) == rows(alone)
+        ours, theirs = final_weights(sweep / job), final_weights(alone)
         assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
