@@ -47,9 +47,8 @@ def readme_commands() -> list[tuple[str, str]]:
 COMMANDS = readme_commands()
 
 
-@pytest.fixture(scope="session")  # the paths are part of each base config's key, kept across the module's setups
-def stand_ins(tmp_path_factory):
-    root = tmp_path_factory.mktemp("readme")
+def make_stand_ins(root: Path) -> dict[str, str]:
+    """What a command's placeholders and paths stand for here, made under root."""
     mirror = root / "climbmix"
     mirror.mkdir()
     for i in range(6543):  # ClimbMix's shard names; the preflight checks that each file is there
@@ -61,6 +60,11 @@ def stand_ins(tmp_path_factory):
     return {"/data/climbmix": str(mirror), "~/.cache/nanochat/base_data": str(mirror),
             "/data/*.jsonl": str(jsonl / "*.jsonl"), "<partition>": "gpu", "<date>": "2026-12-01", "<time>": "00-00-00",
             "<run or .ckpt>": "runs/2026-12-01/run", "$d": "runs/d24_sft/0"}
+
+
+@pytest.fixture(scope="session")  # the paths are part of each base config's key, kept across the module's setups
+def stand_ins(tmp_path_factory):
+    return make_stand_ins(tmp_path_factory.mktemp("readme"))
 
 
 base_config = functools.cache(lambda entry, argv: compose_base(entry, list(argv)))  # (config, multirun)
