@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package, whose helpers compose as Hydra does
 from tests.hydra_app import check_runs, compose_base, run_configs  # noqa: E402
-from tests.test_readme_commands import BUNDLE, COMMANDS, arguments, make_stand_ins  # noqa: E402
+from tests.test_readme_commands import BUNDLE, COMMANDS, arguments, make_base_runs, make_stand_ins  # noqa: E402
 
 
 def main() -> None:
@@ -35,12 +35,7 @@ def main() -> None:
             base, multirun = compose_base(entry, argv)
             runs = run_configs(entry, base, multirun)
             composed = time.perf_counter()
-            if entry == "train" and any(a.startswith("init_from=") for a in argv):
-                for cfg in runs:  # the finished base run the SFT commands start from, as the test makes it
-                    run = Path(tmp) / cfg.init_from
-                    (run / "checkpoints").mkdir(parents=True, exist_ok=True)
-                    (run / "checkpoints" / "final.ckpt").touch()
-                    OmegaConf.save({"model": cfg.model, "xsa": cfg.xsa}, run / "config.yaml")
+            make_base_runs(entry, runs, Path(tmp))
             check_runs(entry, runs, multirun)
             checked = time.perf_counter()
             jobs += len(runs)

@@ -37,11 +37,6 @@ def run_configs(entry: str, base: DictConfig, multirun: bool) -> list[DictConfig
         return sweep_configs(base, entry)
 
 
-def compose_command_line(entry: str, argv: list[str]) -> tuple[list[DictConfig], bool]:
-    base, multirun = compose_base(entry, argv)
-    return run_configs(entry, base, multirun), multirun
-
-
 def check_runs(entry: str, runs: list[DictConfig], multirun: bool) -> None:
     """The preflight callback's checks of a command's runs."""
     if multirun:
@@ -51,6 +46,7 @@ def check_runs(entry: str, runs: list[DictConfig], multirun: bool) -> None:
 
 
 def preflight(entry: str, argv: list[str]) -> list[DictConfig]:
-    runs, multirun = compose_command_line(entry, argv)
+    base, multirun = compose_base(entry, argv)
+    runs = run_configs(entry, base, multirun)
     check_runs(entry, runs, multirun)
     return runs

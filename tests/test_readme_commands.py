@@ -62,6 +62,16 @@ def make_stand_ins(root: Path) -> dict[str, str]:
             "<run or .ckpt>": "runs/2026-12-01/run", "$d": "runs/d24_sft/0"}
 
 
+def make_base_runs(entry: str, runs: list, root: Path) -> None:
+    """The finished base run each SFT job starts from (init_from=<run>, relative to root)."""
+    for cfg in runs if entry == "train" else []:
+        if cfg.get("init_from"):
+            base_run = root / cfg.init_from
+            (base_run / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (base_run / "checkpoints" / "final.ckpt").touch()
+            OmegaConf.save({"model": cfg.model, "xsa": cfg.xsa}, base_run / "config.yaml")
+
+
 @pytest.fixture(scope="session")  # the paths are part of each base config's key, kept across the module's setups
 def stand_ins(tmp_path_factory):
     return make_stand_ins(tmp_path_factory.mktemp("readme"))
@@ -102,12 +112,7 @@ def test_readme_command_passes_the_preflight(entry, args, stand_ins, tmp_path, m
     argv = arguments(args, stand_ins)
     base, multirun = base_config(entry, tuple(argv))
     runs = run_configs(entry, base, multirun)
-    if entry == "train" and any(a.startswith("init_from=") for a in argv):  # a finished base run to start from
-        for cfg in runs:
-            base = tmp_path / cfg.init_from
-            (base / "checkpoints").mkdir(parents=True, exist_ok=True)
-            (base / "checkpoints" / "final.ckpt").touch()
-            OmegaConf.save({"model": cfg.model, "xsa": cfg.xsa}, base / "config.yaml")
+    make_base_runs(entry, runs, tmp_path)
     if BUNDLE.is_dir():  # the presets at d12/d24 run CORE during training (the README says to download it)
         monkeypatch.setenv("XSA_EXP_EVAL_BUNDLE", str(BUNDLE))
     try:
