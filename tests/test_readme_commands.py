@@ -3,8 +3,8 @@ inline code of the README, of the reference pages (docs/*.md) and of the study's
 and in the experiment presets' comments, composes and passes the preflight (every key, value and sweep job checked,
 data files included), with local stand-ins for what a user's machine has: a ClimbMix mirror (empty shard files under
 the real names), a folder of jsonl files, a finished base run for the SFT commands. So a documented command cannot
-drift from the configs. Each sweep job is composed once (about 1,400 of them at 0.1 s each: most of this module's
-time), and each command's base config once per process, for both tests."""
+drift from the configs. Hydra composes about 1,400 sweep jobs at 0.1 s each, most of this module's time; the module
+runs on one xdist worker, which composes each command's base config once for both tests."""
 
 import functools
 import os
@@ -20,6 +20,8 @@ from omegaconf import OmegaConf
 from tests.conftest import CONF_DIR, REPO
 from tests.hydra_app import check_runs, compose_base, run_configs
 from xsa_exp.eval.bundle import BundleError
+
+pytestmark = pytest.mark.xdist_group("readme")  # one process, so base_config below composes each command once
 
 BUNDLE = Path(os.environ.get("XSA_EXP_EVAL_BUNDLE") or REPO.parent / "shared" / "eval_bundle")
 
