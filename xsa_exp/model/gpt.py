@@ -158,8 +158,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     if window is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     if block_mask is not None and tuple(block_mask.seq_lengths) == (q.size(2), k.size(2)):
-        # inside the compiled training forward, the plain op (the outer compile makes it the kernel): tracing
-        # torch.compile itself broke the graph there on torch 2.11 (seen on an H200)
+        # inside the compiled training forward, the plain op: the outer compile makes it the kernel, and tracing a
+        # torch.compile'd function breaks the graph on some torch versions
         flex = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
         return flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
     mask = window_mask(torch.arange(q.size(2), device=q.device), k.size(2), window)

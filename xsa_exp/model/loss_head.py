@@ -98,9 +98,9 @@ def chunked_losses_and_gradients(x: torch.Tensor, weight: torch.Tensor, targets:
 
 def add_product(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """total + a @ b, summed into fp32 total in place. A bf16 product cast and added instead would let inductor fuse
-    every chunk's addition into one kernel that holds all the chunks' products at once (32 x 50 MB at d12; seen on a
-    CPU). So bf16 a and b go through one matmul that sums into fp32: on CUDA Liger-Kernel's addmm with out_dtype,
-    elsewhere (no kernel for it) a matmul of their fp32 copies."""
+    every chunk's addition into one kernel that holds all the chunks' products at once (32 x 50 MB at d12). So bf16 a
+    and b go through one matmul that sums into fp32: on CUDA torch's addmm with out_dtype, elsewhere (no kernel for
+    it) a matmul of their fp32 copies."""
     if a.dtype == torch.float32:
         return total.addmm_(a, b)
     if a.is_cuda:
