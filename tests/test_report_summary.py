@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import shutil
 
 import pytest
 import yaml
@@ -10,6 +11,8 @@ import yaml
 from tests.test_report import XSA, is_png, make_run
 from xsa_exp.report import ReportError, build_report, main
 from xsa_exp.report.summary import write_summary
+
+pytestmark = pytest.mark.xdist_group("report_summary")  # one worker builds the reports for every test
 
 ADAMW_XSA = "adamw · α=1 · layers=all · value=mixed"
 NEW_STATISTICS = ("_sd", "_pi95_low", "_pi95_high", "_p", "_p_holm")  # what the report writes since p-values
@@ -48,14 +51,21 @@ MANIFEST = {"optim": {"question": 1, "title": "Optimizer × XSA", "recipe": "cla
                          "skip": [{"depth": "d12 · smear=False"}]}}
 
 
-@pytest.fixture
-def results(tmp_path):
-    """A results folder as docs/results: two questions' reports and the manifest."""
-    results = tmp_path / "results"
-    optimizer_question(tmp_path / "runs" / "optim", results / "optim")
-    ablation_question(tmp_path / "runs" / "ablation", results / "ablation")
+@pytest.fixture(scope="module")
+def built_results(tmp_path_factory):
+    """A results folder as docs/results: two questions' reports (their plots take seconds) and the manifest."""
+    root = tmp_path_factory.mktemp("summary")
+    results = root / "results"
+    optimizer_question(root / "runs" / "optim", results / "optim")
+    ablation_question(root / "runs" / "ablation", results / "ablation")
     (results / "summary.yaml").write_text(yaml.safe_dump(MANIFEST, allow_unicode=True, sort_keys=False))
     return results
+
+
+@pytest.fixture
+def results(built_results, tmp_path):
+    """Each test's own copy of the results folder, which it may change."""
+    return shutil.copytree(built_results, tmp_path / "results")
 
 
 def read_csv(path) -> list[dict]:
