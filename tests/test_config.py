@@ -145,6 +145,18 @@ def test_precision_auto_on_cpu_follows_the_measured_rule(monkeypatch, native, wi
         "bf16-mixed", "trainer.precision")
 
 
+@pytest.mark.parametrize("native, cuda, expected", [(True, False, "bfloat16"), (False, False, "float32"),
+                                                     (False, True, "bfloat16")])
+def test_newton_schulz_dtype_auto_is_bf16_where_bf16_matmul_is_native(monkeypatch, native, cuda, expected):
+    from xsa_exp import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
+    assert compose_config().optim.muon.ns_dtype == "auto"
+    dtype, reason = precision.newton_schulz_dtype("auto", cuda)
+    assert dtype == expected and reason.startswith("auto: ")
+    assert precision.newton_schulz_dtype("bfloat16", cuda) == ("bfloat16", "optim.muon.ns_dtype")
+
+
 def test_precision_auto_on_cuda_is_bf16_compute_and_the_gpu_presets_set_it_with_the_fused_loss_head(monkeypatch):
     from xsa_exp.training import run as training
 

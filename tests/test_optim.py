@@ -5,6 +5,7 @@ import torch
 
 from tests import gloo
 from tests.conftest import compose_config
+from xsa_exp import precision
 from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups, orthogonalize
@@ -240,13 +241,18 @@ def test_the_compiled_step_equals_the_eager_step(settings):
     assert relative_error(compiled[0], torch.randn(SHAPES[0])) > 0.5
 
 
-def test_param_groups_carry_every_key_at_the_schema_default():
+@pytest.mark.parametrize("native", [True, False])
+def test_param_groups_carry_every_key_at_the_schema_default(monkeypatch, native):
+    """ns_dtype=auto: nanochat's bf16 where the CPU computes bf16 natively, fp32 where bf16 matmul is emulated."""
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     model, cfg = model_and_cfg("xsa=learnable")
+    assert cfg.optim.muon.ns_dtype == "auto"
     groups = build_param_groups(model, cfg.optim, None, compiled=True)
     for group in groups:
         assert set(group) == set(GROUP_KEYS[group["algorithm"]]), group["role"]
     muon = next(g for g in groups if g["algorithm"] == "muon")
-    assert muon["sharded"] and not muon["variance_reduction"] and muon["compiled"] and muon["ns_dtype"] == "bfloat16"
+    assert muon["sharded"] and not muon["variance_reduction"] and muon["compiled"]
+    assert muon["ns_dtype"] == ("bfloat16" if native else "float32")
     assert all(g["fused"] for g in groups if g["algorithm"] == "adamw")
     del muon["beta2"]
     with pytest.raises(KeyError, match="'matrix' lacks beta2"):

@@ -39,7 +39,8 @@ def make_run(root: Path, name: str, *, alpha: float = 0.0, seed: int = 1, final_
     arm = Arm.run_keys(stage=stage, depth=depth, alpha=alpha, learnable=learnable, layers=layers, value_source="mixed",
                        optim=optim, lr_scale=lr_scale, seed=seed)
     info = rd.run_info(run_dir=run, max_steps=steps, tokens_per_step=tokens_per_step, grad_accumulation=1,
-                       precision="32-true", precision_reason="test", float32_matmul_precision="highest",
+                       precision="32-true", precision_reason="test", ns_dtype=None, ns_dtype_reason="test",
+                       float32_matmul_precision="highest",
                        xsa_layers=xsa_layers, param_counts={"total": n_params}, flops_per_token=6 * n_params, arm=arm,
                        nanochat_transfer=None)
     rd.write_run_files(run, f"depth_name: {depth}\nseed: {seed}\nxsa:\n  alpha: {alpha}\n  layers: {layers}\n"

@@ -46,7 +46,8 @@ def test_status_and_run_info_round_trip(tmp_path):
     arm = Arm.run_keys(stage="base", depth="d2", alpha=1.0, learnable=False, layers="all", value_source="mixed",
                        optim="muon", lr_scale=1.0, seed=3)
     info = rd.run_info(run_dir=tmp_path, max_steps=10, tokens_per_step=512, grad_accumulation=1, precision="32-true",
-                       precision_reason="test", float32_matmul_precision="highest", xsa_layers=[0, 1],
+                       precision_reason="test", ns_dtype="float32", ns_dtype_reason="test",
+                       float32_matmul_precision="highest", xsa_layers=[0, 1],
                        param_counts={"total": 5}, flops_per_token=600, arm=arm,
                        nanochat_transfer=None)
     rd.write_run_files(tmp_path, "seed: 3\n", info)

@@ -15,6 +15,7 @@ from tests.conftest import REPO
 from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
 from xsa_exp.errors import ConfigError
 from xsa_exp.model import GPT, GPTConfig
+from xsa_exp.precision import newton_schulz_dtype
 from xsa_exp.training.run import train
 
 pytestmark = pytest.mark.slow
@@ -124,6 +125,8 @@ def test_train_py_runs_as_a_command(tmp_path):
     rows = int(re.search(r"data: [\d,]+ train tokens \(([\d,]+) rows\)", output).group(1).replace(",", ""))
     assert info["epoch_tokens"] == rows * 64  # one pass over the training rows, in tokens (sequence_len 64)
     assert "precision 32-true (auto: " in output  # which precision auto picked, and why
+    assert (info["ns_dtype"], info["ns_dtype_reason"]) == newton_schulz_dtype("auto", cuda=False)
+    assert f"(Newton-Schulz in {info['ns_dtype']}, {info['ns_dtype_reason']})" in output
 
 
 def test_xsa_op_executed_at_alpha_zero_matches_standard_attention(small_cfg, tmp_path, monkeypatch):

@@ -113,14 +113,16 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def run_info(*, run_dir: Path | str, max_steps: int, tokens_per_step: int, grad_accumulation: int, precision: str,
-             precision_reason: str, float32_matmul_precision: str, xsa_layers: list[int], param_counts: dict[str, int],
-             flops_per_token: int, arm: dict, nanochat_transfer: dict | None, init_from: dict | None = None) -> dict:
+             precision_reason: str, ns_dtype: str | None, ns_dtype_reason: str, float32_matmul_precision: str,
+             xsa_layers: list[int], param_counts: dict[str, int], flops_per_token: int, arm: dict,
+             nanochat_transfer: dict | None, init_from: dict | None = None) -> dict:
     """run.json's content at the start of a run: `arm` is Arm.run_keys (xsa_exp/arm.py), nanochat_transfer the batch,
     lr factor and Muon weight decay nanochat's rules gave it (null without optim.nanochat_transfer); val_scope and
     epoch_tokens (training tokens per pass over a corpus held in memory, None for a stream) are added at the end
     (update_run_info)."""
     info = {"run_dir": str(run_dir), "max_steps": max_steps, "tokens_per_step": tokens_per_step,
             "grad_accumulation": grad_accumulation, "precision": precision, "precision_reason": precision_reason,
+            "ns_dtype": ns_dtype, "ns_dtype_reason": ns_dtype_reason,
             "float32_matmul_precision": float32_matmul_precision, "xsa_layers": xsa_layers,
             "param_counts": param_counts, "flops_per_token": flops_per_token, "nanochat_transfer": nanochat_transfer,
             **arm}

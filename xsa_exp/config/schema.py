@@ -120,7 +120,8 @@ class MuonConfig:
     nesterov: bool = key(True, "Nesterov momentum")
     ns_steps: int = key(5, "Newton-Schulz iterations", ge=1)
     ns_coefficients: str = key("quintic", "Newton-Schulz polynomial", choices=("quintic", "polar_express"))
-    ns_dtype: str = key("bfloat16", "Newton-Schulz dtype", choices=("bfloat16", "float32"))
+    ns_dtype: str = key("auto", "Newton-Schulz dtype; auto = bfloat16 (nanochat's) on CUDA and on CPUs with native "
+                                "bf16 matmul, float32 on other CPUs", choices=("auto", "bfloat16", "float32"))
     sharded: bool = key(True, "under DDP, each rank orthogonalizes its share of each shape of matrix, then one "
                               "all_gather per shape (the same update; no effect on one device)")
     weight_decay: float = key(0.0, "Muon weight decay", ge=0)

@@ -6,12 +6,13 @@ from xsa_exp.config.arithmetic import Transfer
 from xsa_exp.config.schema import OptimConfig
 from xsa_exp.model.gpt import ROLE_BY_NAME
 from xsa_exp.optim.muon_adamw import AdamWGroup, MuonGroup
+from xsa_exp.precision import newton_schulz_dtype
 
 
 def build_param_groups(model, optim_cfg: OptimConfig, transfer: Transfer | None, compiled: bool) -> list[dict]:
-    """Every key of each group from the config (MuonGroup, AdamWGroup). transfer: nanochat's lr factor and Muon
-    weight decay for this run (optim.nanochat_transfer), or None; compiled: Muon's step as one torch.compile graph
-    per shape group (train.compile)."""
+    """Every key of each group from the config (MuonGroup, AdamWGroup), ns_dtype=auto resolved for the device the
+    model is on. transfer: nanochat's lr factor and Muon weight decay for this run (optim.nanochat_transfer), or
+    None; compiled: Muon's step as one torch.compile graph per shape group (train.compile)."""
     width_scale = (model.config.n_embd / 768) ** -0.5 if optim_cfg.width_lr_scaling else 1.0
     adamw = optim_cfg.adamw
     groups = []
@@ -23,9 +24,10 @@ def build_param_groups(model, optim_cfg: OptimConfig, transfer: Transfer | None,
         if ROLE_BY_NAME[role].muon and optim_cfg.matrix_algorithm == "muon":
             muon = optim_cfg.muon
             weight_decay = muon.weight_decay if transfer is None else transfer.muon_weight_decay
+            ns_dtype, _ = newton_schulz_dtype(muon.ns_dtype, cuda=params[0].is_cuda)
             groups.append(MuonGroup(role=role, algorithm="muon", params=params, lr=lr, momentum=float(muon.momentum),
                                     nesterov=bool(muon.nesterov), ns_steps=int(muon.ns_steps),
-                                    ns_coefficients=str(muon.ns_coefficients), ns_dtype=str(muon.ns_dtype),
+                                    ns_coefficients=str(muon.ns_coefficients), ns_dtype=ns_dtype,
                                     sharded=bool(muon.sharded), compiled=compiled,
                                     weight_decay=float(weight_decay),
                                     cautious_weight_decay=bool(muon.cautious_weight_decay),

@@ -33,7 +33,7 @@ from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.memory import memory_warning
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.optim.schedule import check_schedule
-from xsa_exp.precision import BF16_COMPUTE, lightning_precision, prepare
+from xsa_exp.precision import BF16_COMPUTE, cpu_has_native_bf16, lightning_precision, newton_schulz_dtype, prepare
 from xsa_exp.run_dir import LoadedRun, RunError, load_trained
 from xsa_exp.run_lock import LockLost
 from xsa_exp.training.checkpoints import PeriodicCheckpoint, RunDirCheckpointIO, remove_untracked_step_checkpoints
@@ -44,16 +44,6 @@ from xsa_exp.training.module import LanguageModel
 from xsa_exp.training.preemption import PreemptionCheckpoint
 from xsa_exp.training.sole_writer import LockCheck, RunDirWriter
 from xsa_exp.write_failures import write_failure
-
-
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX-BF16 in the CPU flags (Linux); elsewhere bf16 matmul is emulated and slower than fp32."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
-
 
 # On a CPU with native bf16 matmul, the narrowest width at which bf16-mixed was measured faster than fp32
 # at no measurable val bpb cost (BENCHMARKS.md, "The default run and precision on CPU"): at 768 wide
@@ -113,9 +103,8 @@ def print_start(model: GPT, cfg: DictConfig, run: dict, transfer: Transfer | Non
         arm = f"alpha = {xsa.alpha}" + (" (standard attention)" if xsa.alpha == 0 else "")
     lines.append(f"xsa: {arm}; layers {cfg.xsa.layers} -> {xsa.layers if xsa.layers else 'none'} "
                  f"of {model.config.n_layer}; value source {xsa.value_source}")
-    lines.append(
-        "optimizer: "
-        f"{'Muon for hidden matrices + AdamW' if cfg.optim.matrix_algorithm == 'muon' else 'AdamW for everything'}")
+    muon = f"Muon for hidden matrices (Newton-Schulz in {run['ns_dtype']}, {run['ns_dtype_reason']}) + AdamW"
+    lines.append(f"optimizer: {muon if run['ns_dtype'] else 'AdamW for everything'}")
     lines.append(f"schedule: {run['max_steps']} steps x {run['tokens_per_step']:,} tokens "
                  f"({run['max_steps'] * run['tokens_per_step']:,} tokens), grad accumulation "
                  f"{run['grad_accumulation']}, precision {run['precision']} ({run['precision_reason']})")
@@ -222,13 +211,16 @@ def previous_attempt(cfg: DictConfig, run_dir: Path) -> tuple[bool, str | None]:
 
 def describe_run(cfg: DictConfig, run_dir: Path, model: GPT, max_steps: int, base: LoadedRun | None,
                  arm: dict, transfer: Transfer | None) -> dict:
-    """run.json's content: the arm, the schedule, nanochat's transfer, the precision (resolved here) and the model's
-    counts."""
+    """run.json's content: the arm, the schedule, nanochat's transfer, the precision and Newton-Schulz dtype (resolved
+    here) and the model's counts."""
     precision, precision_reason = resolve_precision(cfg.trainer, cfg.model.n_embd)
+    ns_dtype, ns_dtype_reason = (newton_schulz_dtype(cfg.optim.muon.ns_dtype, accelerator_is_cuda(cfg.trainer))
+                                 if cfg.optim.matrix_algorithm == "muon" else (None, "no Muon"))
     if accelerator_is_cuda(cfg.trainer):
         torch.set_float32_matmul_precision("high")  # TF32 for the matmuls left in fp32 (as nanochat)
     return rd.run_info(run_dir=run_dir, max_steps=max_steps, tokens_per_step=batch_tokens(cfg),
                        grad_accumulation=grad_accumulation(cfg), precision=precision, precision_reason=precision_reason,
+                       ns_dtype=ns_dtype, ns_dtype_reason=ns_dtype_reason,
                        float32_matmul_precision=torch.get_float32_matmul_precision(),
                        xsa_layers=model.config.xsa.layers, param_counts=model.param_counts(),
                        flops_per_token=model.flops_per_token(), arm=arm,
