@@ -48,6 +48,8 @@ The parts, in order, within --budget-s (JSON keys in quotes; gpu_runs.json is re
    12 updates with a console line every 4): the synchronizing CUDA calls made by the updates after the warm-up that
    are not host-sync steps, under torch.cuda.set_sync_debug_mode("warn"), with the lines that made them (0 expected).
    Under --smoke on a CPU it runs eager: there is nothing to count without CUDA.
+--smoke times 3 steady updates, not 20: it tests the plumbing, not a rate, and on a CPU without native bf16 each of
+its bf16 updates takes about a second.
 
 Budget (--budget-s; bench/gpu.sh gives it the time its other parts are not expected to need): each part is
 expected to take, on one H100/H200, from the H200's figures in BENCHMARKS.md ("GPU figures", taken before the
@@ -100,6 +102,7 @@ from xsa_exp.training.metrics_log import UpdateClock
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("d12", "d24")
 WARMUP, STEADY, PROFILED = 2, 20, 2  # updates of a throughput run: compile and warm-up; timed; profiled
+SMOKE_STEADY = 3
 BATCH_DIVISOR = {"d24": 2}  # d24 measured at half its batch: the module docstring says why
 # Expected seconds on one H100/H200 (module docstring), from the H200's figures of 2026-12-04 in BENCHMARKS.md.
 UPDATE_S = {"d12": 1.55, "d24": 3.74}  # a steady update of 524,288 tokens
@@ -157,8 +160,9 @@ def estimated_s(preset: str) -> float:
 def throughput_run(name: str, common: list[str], smoke: bool, workdir: Path, env: dict, limit_s: float) -> dict:
     preset, mode = name.split("_")
     compiled = mode == "compiled"
+    steady = SMOKE_STEADY if smoke else STEADY
     overrides = [f"depth={preset}", *common, f"train.compile={str(compiled).lower()}",
-                 f"train.max_steps={WARMUP + STEADY + PROFILED}", *(SMOKE if smoke else [])]
+                 f"train.max_steps={WARMUP + steady + PROFILED}", *(SMOKE if smoke else [])]
     cfg = compose_cfg(overrides)
     preset_batch = batch_tokens(cfg)
     batch = preset_batch // BATCH_DIVISOR.get(preset, 1)
@@ -168,7 +172,7 @@ def throughput_run(name: str, common: list[str], smoke: bool, workdir: Path, env
     figures = {"run": name, "compiled": compiled, "device_batch_size": cfg.train.device_batch_size,
                "micro_batches": micro_batches, "batch_tokens": batch, "preset_batch_tokens": preset_batch,
                "predicted_peak_gb": predicted_peak_bytes(model, cfg.train.device_batch_size, compiled) / 1e9,
-               "warmup_updates": WARMUP, "steady_updates": STEADY, "profiled_updates": PROFILED,
+               "warmup_updates": WARMUP, "steady_updates": steady, "profiled_updates": PROFILED,
                "estimated_s": estimated_s(preset) if compiled and not smoke else None, "limit_s": round(limit_s)}
     if batch != preset_batch:
         overrides.append(f"train.total_batch_tokens={batch}")
@@ -177,7 +181,8 @@ def throughput_run(name: str, common: list[str], smoke: bool, workdir: Path, env
             f"the preset's {preset_batch:,}: {STEADY} steady updates of the real batch would not fit bench/gpu.sh's "
             "budget; the micro-batches are the preset's, so tokens/s and MFU differ from the real batch's only by "
             "the optimizer step's share, which is smaller there")
-    spec = {"kind": "throughput", "overrides": overrides, "compile_backend": SMOKE_BACKEND if smoke else None}
+    spec = {"kind": "throughput", "overrides": overrides, "steady": steady,
+            "compile_backend": SMOKE_BACKEND if smoke else None}
     return {**figures, **run_child(name, spec, workdir, env, limit_s)}
 
 
@@ -234,7 +239,7 @@ def child(spec: dict) -> None:
     cfg = compose_cfg(spec["overrides"])
     result = Path(spec["result"])
     compile_log = CompileLog()
-    measure = (Measure(cfg, result, spec["spawned"], compile_log) if spec["kind"] == "throughput"
+    measure = (Measure(cfg, result, spec["spawned"], compile_log, spec["steady"]) if spec["kind"] == "throughput"
                else SyncDebug())
     build_callbacks, build_trainer = training.build_callbacks, training.build_trainer
     training.build_callbacks = lambda *args: [*build_callbacks(*args), measure]
@@ -305,8 +310,8 @@ class Measure(L.Callback):
     memory and resets it; times the steady updates on one clock and keeps their peak; profiles the last updates.
     Writes what it has after each phase, so a run stopped at its limit keeps it."""
 
-    def __init__(self, cfg: DictConfig, result: Path, spawned: float, compile_log: CompileLog):
-        self.tokens, self.configured_peak_flops = batch_tokens(cfg), cfg.train.peak_flops
+    def __init__(self, cfg: DictConfig, result: Path, spawned: float, compile_log: CompileLog, steady: int):
+        self.tokens, self.configured_peak_flops, self.steady = batch_tokens(cfg), cfg.train.peak_flops, steady
         self.result, self.spawned, self.compile_log = result, spawned, compile_log
         self.figures: dict = {}
         self.last_step, self.clock = 0, 0.0
@@ -340,9 +345,9 @@ class Measure(L.Callback):
             self.mark = None
         if step <= WARMUP:
             self.end_warmup_update(step)
-        elif step == WARMUP + STEADY:
+        elif step == WARMUP + self.steady:
             self.end_steady()
-        elif step == WARMUP + STEADY + PROFILED:
+        elif step == WARMUP + self.steady + PROFILED:
             self.end_profiled()
 
     def end_warmup_update(self, step: int) -> None:
@@ -355,8 +360,9 @@ class Measure(L.Callback):
 
     def end_steady(self) -> None:
         seconds = synchronized_time(self.device) - self.clock
-        rate = STEADY * self.tokens / seconds
-        self.figures.update(tokens_per_sec=rate, steady_update_s=seconds / STEADY, steady_peak_gb=peak_gb(self.device),
+        rate = self.steady * self.tokens / seconds
+        self.figures.update(tokens_per_sec=rate, steady_update_s=seconds / self.steady,
+                            steady_peak_gb=peak_gb(self.device),
                             mfu=rate * self.flops / self.peak_flops if self.peak_flops else None)
         self.write()
         cuda = self.device.type == "cuda"

@@ -100,7 +100,7 @@ def test_smoke_runs_every_part(tmp_path):
     assert list(runs) == ["d12_compiled", "d24_compiled"]
     for r in runs.values():
         assert "error" not in r and "stopped" not in r, r
-        assert r["steady_updates"] == 20 and len(r["warmup_update_s"]) == 2 and r["tokens_per_sec"] > 0
+        assert r["steady_updates"] == 3 and len(r["warmup_update_s"]) == 2 and r["tokens_per_sec"] > 0
         assert r["warmup_peak_gb"] > 0 and r["steady_peak_gb"] > 0 and r["predicted_peak_gb"] > 0
         assert r["compile"]["graph_breaks"] == 0 and r["compile"]["recompiles_after_first_update"] == 0
         assert r["compile"]["unique_graphs"] > 0
@@ -112,4 +112,4 @@ def test_smoke_runs_every_part(tmp_path):
     assert runs["d12_compiled"]["batch_tokens"] == runs["d12_compiled"]["preset_batch_tokens"]
     sync = figures["sync_check"]
     assert sync["updates_checked"] == [3, 5, 6, 7, 9, 10, 11] and "error" not in sync and "stopped" not in sync
-    assert "| d12_compiled | 4 x 4 | 2,048 | 20 |" in result.stdout and "d24_compiled profile" in result.stdout
+    assert "| d12_compiled | 4 x 4 | 2,048 | 3 |" in result.stdout and "d24_compiled profile" in result.stdout
