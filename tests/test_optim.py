@@ -291,9 +291,11 @@ def test_optim_adamw_puts_everything_on_adamw():
     assert matrix["lr"] == 0.003 and matrix["weight_decay"] == 0.1
 
 
-def test_state_dict_round_trip_continues_identically():
+def test_state_dict_round_trip_continues_identically(monkeypatch):
+    """Restored on a CPU where ns_dtype=auto resolves otherwise, the run keeps its first attempt's dtype."""
     model, cfg = model_and_cfg("xsa=learnable")
     twin = copy.deepcopy(model)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     opt = MuonAdamW(build_param_groups(model, cfg.optim, None, compiled=False))
     idx = torch.randint(0, 300, (2, 17))
 
@@ -304,8 +306,10 @@ def test_state_dict_round_trip_continues_identically():
 
     step(model, opt)
     twin.load_state_dict(model.state_dict())
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
     restored = MuonAdamW(build_param_groups(twin, cfg.optim, None, compiled=False))
     restored.load_state_dict(copy.deepcopy(opt.state_dict()))
+    assert {g["ns_dtype"] for g in restored.param_groups if g["algorithm"] == "muon"} == {"bfloat16"}
     step(model, opt)
     step(twin, restored)
     for a, b in zip(model.parameters(), twin.parameters()):
