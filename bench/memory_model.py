@@ -57,7 +57,7 @@ def child(width: int, heads: int, layers: int, compiled: bool, precision: str, f
 
     overrides = [f"model.n_embd={width}", f"model.n_head={heads}", f"model.n_layer={layers}",
                  f"model.sequence_len={SEQ}", f"model.vocab_size={VOCAB}", "data=climbmix", "data.local_dir=/",
-                 f"model.fused_loss_head={fused}"]
+                 f"model.fused_loss_head={fused}", "optim.muon.ns_dtype=bfloat16"]  # CUDA's, whatever this CPU's
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     torch.manual_seed(0)

@@ -76,8 +76,10 @@ def main() -> None:
     eager, graph_kernels, hyper = kernels_per_step(optimizer)
     counts = {a: sum(p.numel() for g in groups if g["algorithm"] == a for p in g["params"]) for a in ("muon", "adamw")}
     fused = sorted({g["fused"] for g in groups if g["algorithm"] == "adamw"})
+    ns_dtypes = sorted({g["ns_dtype"] for g in groups if g["algorithm"] == "muon"})
     print(f"xsa_exp from {Path(xsa_exp.__file__).parent}; depth={args.depth} {' '.join(args.overrides)}, "
-          f"threads={args.threads}, adamw fused={fused}, muon compiled={args.compiled}; Muon {counts['muon']:,} and "
+          f"threads={args.threads}, adamw fused={fused}, muon compiled={args.compiled}, Newton-Schulz in "
+          f"{ns_dtypes}; Muon {counts['muon']:,} and "
           f"AdamW {counts['adamw']:,} parameters; per step: {eager:,} eager operators ({hyper} of them filling the "
           f"compiled step's 0-D CPU hyperparameters) and {graph_kernels:,} kernels in compiled graphs")
     if args.newton_schulz:
