@@ -15,6 +15,7 @@ def build_param_groups(model, optim_cfg: OptimConfig, transfer: Transfer | None,
     None; compiled: Muon's step as one torch.compile graph per shape group (train.compile)."""
     width_scale = (model.config.n_embd / 768) ** -0.5 if optim_cfg.width_lr_scaling else 1.0
     adamw = optim_cfg.adamw
+    ns_dtype, _ = newton_schulz_dtype(optim_cfg.muon.ns_dtype, cuda=next(model.parameters()).is_cuda)
     groups = []
     for role, named in model.named_param_groups().items():
         params = [p for _, p in named]
@@ -24,7 +25,6 @@ def build_param_groups(model, optim_cfg: OptimConfig, transfer: Transfer | None,
         if ROLE_BY_NAME[role].muon and optim_cfg.matrix_algorithm == "muon":
             muon = optim_cfg.muon
             weight_decay = muon.weight_decay if transfer is None else transfer.muon_weight_decay
-            ns_dtype, _ = newton_schulz_dtype(muon.ns_dtype, cuda=params[0].is_cuda)
             groups.append(MuonGroup(role=role, algorithm="muon", params=params, lr=lr, momentum=float(muon.momentum),
                                     nesterov=bool(muon.nesterov), ns_steps=int(muon.ns_steps),
                                     ns_coefficients=str(muon.ns_coefficients), ns_dtype=ns_dtype,
