@@ -213,12 +213,20 @@ def test_docs_configuration_lists_the_schema_keys():
     ("train.py", ["-m", "xsa.alpha=0,1,2"], "config error: xsa.alpha=2 is outside [0, 1]"),
     ("evaluate.py", ["run=.", "eval.chatcore.batch_size=0"],
      "config error: eval.chatcore.batch_size=0 must be a positive integer"),
+    ("evaluate.py", ["run=.", "eval.metrics=[perplexity]"],
+     "config error: eval.metrics=['perplexity'] has unknown entries ['perplexity']; allowed: bpb, core, diagnostics,"),
 ])
 def test_entry_points_refuse_in_one_line_and_create_nothing(script, args, message, tmp_path):
+    """...before importing torch, which takes longer than the whole check (PYTHONPROFILEIMPORTTIME lists each import
+    on stderr)."""
     cache = tmp_path / "cache"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "XSA_EXP_CACHE": str(cache), "WANDB_MODE": "offline"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XSA_EXP_CACHE": str(cache), "WANDB_MODE": "offline",
+           "PYTHONPROFILEIMPORTTIME": "1"}
     result = subprocess.run([sys.executable, str(REPO / script), *args], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=120)
-    lines = result.stderr.strip().splitlines()
+    timed = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
+    lines = [line for line in result.stderr.strip().splitlines() if line not in timed]
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(message), result.stderr
+    imported = {line.rpartition("|")[2].strip() for line in timed}
+    assert "hydra" in imported and "torch" not in imported
     assert tree(tmp_path) == set()  # no run or sweep directory, no wandb folder, no cache entry

@@ -118,11 +118,6 @@ def test_missing_bundle_is_one_clear_error(run_dir, tmp_path):
         evaluate(eval_cfg(run_dir, "eval.metrics=[core]", f"eval.bundle_dir={tmp_path / 'absent'}"))
 
 
-def test_unknown_metric(run_dir):
-    with pytest.raises(UserError, match="allowed: bpb, core, diagnostics"):
-        evaluate(eval_cfg(run_dir, "eval.metrics=[perplexity]"))
-
-
 def test_truncated_and_mismatched_checkpoints(run_dir, tmp_path):
     good = run_dir / "checkpoints" / "final.ckpt"
     with pytest.raises(RunError, match="no such run directory or checkpoint"):

@@ -38,8 +38,6 @@ from xsa_exp.run_dir import (
     write_summary,
 )
 
-KNOWN_METRICS = ("bpb", "core", "diagnostics", "chatcore")
-
 
 def evaluate(cfg: DictConfig) -> Path | None:
     """Evaluate a run as configured; returns the results folder (None on the ranks other than 0). Under torchrun
@@ -47,10 +45,7 @@ def evaluate(cfg: DictConfig) -> Path | None:
     the one process's (bpb to rounding: its rows are batched differently), and rank 0 writes it."""
     quiet_libraries()
     options = cfg.eval
-    metrics = list(options.metrics)
-    unknown = [m for m in metrics if m not in KNOWN_METRICS]
-    if unknown or not metrics:
-        raise UserError(f"eval.metrics={metrics} has unknown entries {unknown}; allowed: {', '.join(KNOWN_METRICS)}")
+    metrics = list(options.metrics)  # checked by the preflight (xsa_exp/config/checks.py)
     run = load_trained(cfg.run)
     # ChatCORE reads some of its tasks from the bundle too, but runs (with those listed as missing) without it.
     bundle = require_bundle(options.bundle_dir, "CORE", "drop core from eval.metrics") if "core" in metrics \

@@ -1,7 +1,8 @@
 """The arithmetic of a run: how many processes train it, how many tokens make one update (given, or derived by
-nanochat's batch rule), how many micro-batches that is, how many updates the run takes, and the learning-rate factor
-and Muon weight decay nanochat derives with the batch. Used by the checks (before a run starts) and by training
-(which prints the results and records them in run.json). Works on the composed config or its typed settings alike.
+nanochat's batch rule), how many micro-batches that is, how many updates the run takes and whether the lr schedule's
+warmup and warmdown fit in them, and the learning-rate factor and Muon weight decay nanochat derives with the batch.
+Used by the checks (before a run starts) and by training (which prints the results and records them in run.json).
+Works on the composed config or its typed settings alike.
 
 nanochat's hyperparameter transfer, as its scripts/base_train.py (94b73ad) does it from its d12 reference:
   horizon      D     = int(param_data_ratio x scaling parameters)   (transformer matrices + lm_head)
@@ -141,3 +142,13 @@ def max_steps(cfg, datamodule) -> int:
         datamodule.setup()
         return max(1, train.epochs * datamodule.epoch_tokens // tokens)
     return max(1, int(train.param_data_ratio * model_scaling_params(cfg.model)) // tokens)
+
+
+def check_schedule(total_steps: int, warmup_steps: int, warmdown_frac: float) -> int:
+    """The lr warmup and warmdown must fit in the run's updates; returns the warmdown's length in updates."""
+    warmdown_steps = round(warmdown_frac * total_steps)
+    if warmup_steps + warmdown_steps > total_steps:
+        raise ConfigError(f"optim.schedule.warmup_steps={warmup_steps} + the warmdown ({warmdown_steps} steps) "
+                          f"exceed the run's {total_steps} steps; shorten the warmup (e.g. "
+                          "optim.schedule.warmup_steps=0)")
+    return warmdown_steps

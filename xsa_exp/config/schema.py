@@ -372,9 +372,12 @@ class ChatCoreConfig:
     mmlu: MmluConfig = field(default_factory=MmluConfig)
 
 
+EVAL_METRICS = ("bpb", "core", "diagnostics", "chatcore")
+
+
 @dataclass
 class EvaluateEvalConfig:
-    metrics: List[str] = key(help="any of bpb, core, diagnostics, chatcore",
+    metrics: List[str] = key(help=f"any of {', '.join(EVAL_METRICS)}",
                              factory=lambda: ["bpb", "core", "diagnostics"])
     bundle_dir: Optional[str] = key(None, "CORE / ChatCORE eval bundle; null: $XSA_EXP_EVAL_BUNDLE, else "
                                           "~/.cache/xsa-exp/eval_bundle")

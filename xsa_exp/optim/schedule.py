@@ -8,17 +8,7 @@ import math
 
 import torch
 
-from xsa_exp.errors import ConfigError
-
-
-def check_schedule(total_steps: int, warmup_steps: int, warmdown_frac: float) -> int:
-    """The lr warmup and warmdown must fit in the run's updates; returns the warmdown's length in updates."""
-    warmdown_steps = round(warmdown_frac * total_steps)
-    if warmup_steps + warmdown_steps > total_steps:
-        raise ConfigError(f"optim.schedule.warmup_steps={warmup_steps} + the warmdown ({warmdown_steps} steps) "
-                          f"exceed the run's {total_steps} steps; shorten the warmup (e.g. "
-                          "optim.schedule.warmup_steps=0)")
-    return warmdown_steps
+from xsa_exp.config.arithmetic import check_schedule
 
 
 class OptimizerSchedule(torch.optim.lr_scheduler.LRScheduler):

@@ -20,6 +20,7 @@ from xsa_exp.cluster import cluster_plugins, device_peak_flops, export_submitit_
 from xsa_exp.config.arithmetic import (
     Transfer,
     batch_tokens,
+    check_schedule,
     grad_accumulation,
     max_steps,
     nanochat_transfer,
@@ -32,7 +33,6 @@ from xsa_exp.errors import ConfigError
 from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.memory import memory_warning
 from xsa_exp.model import GPT, GPTConfig
-from xsa_exp.optim.schedule import check_schedule
 from xsa_exp.precision import BF16_COMPUTE, cpu_has_native_bf16, lightning_precision, newton_schulz_dtype, prepare
 from xsa_exp.run_dir import LoadedRun, RunError, load_trained
 from xsa_exp.run_lock import LockLost
