@@ -110,7 +110,6 @@ COMPILE_S = {"d12": 47, "d24": 42}     # the first 4 updates took 13.3 and 14.3 
 START_S = {"d12": 20, "d24": 30}       # the runs' 76 and 105 s less their 6 updates, and at d24 less about 10 s of
                                        # final checkpoint (8 GB) that the child does not write
 PROFILED_SLOWDOWN = 1.5  # a profiled update, with its share of the summary, over a steady one (a guess)
-CHECKS_S = 40            # the checks, the corpus (measured)
 SYNC_S = 60              # the tiny preset's sync-count run took 50 s; the windows add FlexAttention's kernels (a guess)
 MIN_PART_S = 60          # a run or the sync check is not started with less: its compilation alone takes about that
 SMOKE = ["model.n_layer=2", "model.n_embd=128", "model.n_head=2", "model.sequence_len=128", "model.vocab_size=1024",
