@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package, whose helpers compose as Hydra does
 from tests.hydra_app import check_runs, compose_base, run_configs  # noqa: E402
-from tests.test_readme_commands import BUNDLE, COMMANDS, arguments, make_base_runs, make_stand_ins  # noqa: E402
+from tests.test_readme_commands import BUNDLE, COMMANDS, arguments, make_finished_runs, make_stand_ins  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
             base, multirun = compose_base(entry, argv)
             runs = run_configs(entry, base, multirun)
             composed = time.perf_counter()
-            make_base_runs(entry, runs, Path(tmp))
+            make_finished_runs(entry, runs, Path(tmp))
             check_runs(entry, runs, multirun)
             checked = time.perf_counter()
             jobs += len(runs)

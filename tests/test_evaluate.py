@@ -144,4 +144,5 @@ def test_evaluate_py_command(run_dir, tmp_path):
     bad = subprocess.run([sys.executable, "evaluate.py", f"run={tmp_path / 'missing'}"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines() == [f"error: no such run directory or checkpoint: {tmp_path / 'missing'}"]
+    assert bad.stderr.strip().splitlines() == [f"config error: run={tmp_path / 'missing'}: no such run directory or "
+                                               "checkpoint; pass a run's directory or one of its checkpoints/*.ckpt"]

@@ -2,9 +2,9 @@
 inline code of the README, of the reference pages (docs/*.md) and of the study's results (docs/results/README.md),
 and in the experiment presets' comments, composes and passes the preflight (every key, value and sweep job checked,
 data files included), with local stand-ins for what a user's machine has: a ClimbMix mirror (empty shard files under
-the real names), a folder of jsonl files, a finished base run for the SFT commands. So a documented command cannot
-drift from the configs. Hydra composes about 1,400 sweep jobs at 0.1 s each, most of this module's time; the module
-runs on one xdist worker, which composes each command's base config once for both tests."""
+the real names), a folder of jsonl files, a finished run for the SFT and evaluation commands. So a documented command
+cannot drift from the configs. Hydra composes about 1,400 sweep jobs at 0.1 s each, most of this module's time; the
+module runs on one xdist worker, which composes each command's base config once for both tests."""
 
 import functools
 import os
@@ -64,14 +64,16 @@ def make_stand_ins(root: Path) -> dict[str, str]:
             "<run or .ckpt>": "runs/2026-12-01/run", "$d": "runs/d24_sft/0"}
 
 
-def make_base_runs(entry: str, runs: list, root: Path) -> None:
-    """The finished base run each SFT job starts from (init_from=<run>, relative to root)."""
-    for cfg in runs if entry == "train" else []:
-        if cfg.get("init_from"):
-            base_run = root / cfg.init_from
-            (base_run / "checkpoints").mkdir(parents=True, exist_ok=True)
-            (base_run / "checkpoints" / "final.ckpt").touch()
-            OmegaConf.save({"model": cfg.model, "xsa": cfg.xsa}, base_run / "config.yaml")
+def make_finished_runs(entry: str, runs: list, root: Path) -> None:
+    """The finished runs a command starts from, relative to root: each SFT job's base run (init_from=<run>), each
+    evaluation's run (run=<run>)."""
+    for cfg in runs:
+        path = cfg.get("init_from") if entry == "train" else cfg.run
+        if path:
+            (root / path / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (root / path / "checkpoints" / "final.ckpt").touch()
+            if entry == "train":  # the SFT checks compare the base run's model and XSA settings with the job's
+                OmegaConf.save({"model": cfg.model, "xsa": cfg.xsa}, root / path / "config.yaml")
 
 
 @pytest.fixture(scope="session")  # the paths are part of each base config's key, kept across the module's setups
@@ -114,7 +116,7 @@ def test_readme_command_passes_the_preflight(entry, args, stand_ins, tmp_path, m
     argv = arguments(args, stand_ins)
     base, multirun = base_config(entry, tuple(argv))
     runs = run_configs(entry, base, multirun)
-    make_base_runs(entry, runs, tmp_path)
+    make_finished_runs(entry, runs, tmp_path)
     if BUNDLE.is_dir():  # the presets at d12/d24 run CORE during training (the README says to download it)
         monkeypatch.setenv("XSA_EXP_EVAL_BUNDLE", str(BUNDLE))
     try:

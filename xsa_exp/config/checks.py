@@ -152,6 +152,9 @@ def check_embedded_vocab(data_name: str, vocab_size: int) -> None:
 def validate_evaluate(cfg: DictConfig) -> None:
     """evaluate.py's config: the schema's bounds and choices, and the values a type cannot say."""
     check_schema(cfg)
+    if not Path(cfg.run).expanduser().exists():  # found now, not after the seconds that loading Lightning takes
+        raise ConfigError(f"run={cfg.run}: no such run directory or checkpoint; pass a run's directory or one of its "
+                          "checkpoints/*.ckpt")
     metrics, known = list(cfg.eval.metrics), schema.EVAL_METRICS
     unknown = [m for m in metrics if m not in known]
     if unknown or not metrics:
