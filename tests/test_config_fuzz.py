@@ -217,8 +217,8 @@ def test_docs_configuration_lists_the_schema_keys():
      "config error: eval.metrics=['perplexity'] has unknown entries ['perplexity']; allowed: bpb, core, diagnostics,"),
 ])
 def test_entry_points_refuse_in_one_line_and_create_nothing(script, args, message, tmp_path):
-    """...before importing torch, which takes longer than the whole check (PYTHONPROFILEIMPORTTIME lists each import
-    on stderr)."""
+    """Each refusal comes before torch is imported, which takes longer than the checks (PYTHONPROFILEIMPORTTIME lists
+    each import on stderr)."""
     cache = tmp_path / "cache"
     env = {**os.environ, "PYTHONPATH": str(REPO), "XSA_EXP_CACHE": str(cache), "WANDB_MODE": "offline",
            "PYTHONPROFILEIMPORTTIME": "1"}
