@@ -48,8 +48,8 @@ The parts, in order, within --budget-s (JSON keys in quotes; gpu_runs.json is re
    12 updates with a console line every 4): the synchronizing CUDA calls made by the updates after the warm-up that
    are not host-sync steps, under torch.cuda.set_sync_debug_mode("warn"), with the lines that made them (0 expected).
    Under --smoke on a CPU it runs eager: there is nothing to count without CUDA.
---smoke times 3 steady updates, not 20: it tests the plumbing, not a rate, and on a CPU without native bf16 each of
-its bf16 updates takes about a second.
+--smoke times 3 steady updates, not 20, of a model 64 wide on 64-token sequences: it tests the plumbing, not a rate,
+and on a CPU without native bf16 its bf16 matmuls are generic loops (an update about 0.2 s; BENCHMARKS.md).
 
 Budget (--budget-s; bench/gpu.sh gives it the time its other parts are not expected to need): each part is
 expected to take, on one H100/H200, from the H200's figures in BENCHMARKS.md ("GPU figures", taken before the
@@ -112,8 +112,8 @@ START_S = {"d12": 20, "d24": 30}       # the runs' 76 and 105 s less their 6 upd
 PROFILED_SLOWDOWN = 1.5  # a profiled update, with its share of the summary, over a steady one (a guess)
 SYNC_S = 60              # the tiny preset's sync-count run took 50 s; the windows add FlexAttention's kernels (a guess)
 MIN_PART_S = 60          # a run or the sync check is not started with less: its compilation alone takes about that
-SMOKE = ["model.n_layer=2", "model.n_embd=128", "model.n_head=2", "model.sequence_len=128", "model.vocab_size=1024",
-         "train.device_batch_size=4", "train.total_batch_tokens=2048"]
+SMOKE = ["model.n_layer=2", "model.n_embd=64", "model.n_head=2", "model.sequence_len=64", "model.vocab_size=1024",
+         "train.device_batch_size=4", "train.total_batch_tokens=1024"]
 # The sync check's run: the study's path at a size that compiles fast and still has windows (3 of its 4 layers).
 SYNC_RUN = ["depth=d12", "model.n_layer=4", "train.device_batch_size=4", "train.total_batch_tokens=16384",
             "train.compile=true", "train.max_steps=12", "log.print_every=4"]

@@ -112,4 +112,4 @@ def test_smoke_runs_every_part(tmp_path):
     assert runs["d12_compiled"]["batch_tokens"] == runs["d12_compiled"]["preset_batch_tokens"]
     sync = figures["sync_check"]
     assert sync["updates_checked"] == [3, 5, 6, 7, 9, 10, 11] and "error" not in sync and "stopped" not in sync
-    assert "| d12_compiled | 4 x 4 | 2,048 | 3 |" in result.stdout and "d24_compiled profile" in result.stdout
+    assert "| d12_compiled | 4 x 4 | 1,024 | 3 |" in result.stdout and "d24_compiled profile" in result.stdout
