@@ -49,7 +49,8 @@ The parts, in order, within --budget-s (JSON keys in quotes; gpu_runs.json is re
    are not host-sync steps, under torch.cuda.set_sync_debug_mode("warn"), with the lines that made them (0 expected).
    Under --smoke on a CPU it runs eager: there is nothing to count without CUDA.
 --smoke times 3 steady updates, not 20, of a model 64 wide on 64-token sequences: it tests the plumbing, not a rate,
-and on a CPU without native bf16 its bf16 matmuls are generic loops (an update about 0.2 s; BENCHMARKS.md).
+and on a CPU without native bf16 its bf16 matmuls are generic loops (a d12 update 0.21 s on the Zen 5 EPYC held
+to AVX2; BENCHMARKS.md).
 
 Budget (--budget-s; bench/gpu.sh gives it the time its other parts are not expected to need): each part is
 expected to take, on one H100/H200, from the H200's figures in BENCHMARKS.md ("GPU figures", taken before the
