@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -161,6 +162,24 @@ def test_a_contender_late_with_its_takeover_never_removes_the_winners_lock(tmp_p
     with pytest.raises(RunDirInUse, match=f"in use by process {os.getpid()} on this host"):
         acquire(tmp_path)
     winner.release()
+
+
+def test_a_holder_that_finds_a_lock_file_being_created_stops_at_once_and_names_its_new_holder(tmp_path):
+    """A contender creates its lock file, then writes it: a heartbeat between the two finds it empty. The lock is lost
+    from that moment (the run writes nothing more), and once the record is there the message names its holder."""
+    lock = acquire(tmp_path)  # its own heartbeat comes in 10 s: this test calls refresh() itself
+    (tmp_path / "run.lock").unlink()
+    (tmp_path / "run.lock").touch()  # the contender's file, created and not yet written
+    while_empty = []
+    contender = threading.Timer(0.3, lambda: (while_empty.append(lock.problem()),
+                                              write_lock(tmp_path, pid=4242, heartbeat_age=0, host="node17")))
+    contender.start()
+    lock.refresh()
+    contender.join()
+    assert while_empty == ["its lock file was overwritten"]
+    assert lock.problem() == "it was taken over by process 4242 on host node17 (since 2026-01-01 00:00:00 UTC)"
+    lock.release()
+    assert json.loads((tmp_path / "run.lock").read_text())["pid"] == 4242  # the new holder's lock, kept
 
 
 def test_an_earlier_attempt_of_the_same_slurm_job_on_another_node_is_waited_for(tmp_path, monkeypatch):

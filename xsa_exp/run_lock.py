@@ -273,7 +273,11 @@ class RunLock:
             with open(self.path, "r+b") as f:
                 found = parse(f.read())
                 if found is None or found["token"] != self.token:
-                    self.lost = f"it was taken over by {describe(found)}" if found else "its lock file was overwritten"
+                    if found is None:  # a contender's new lock file, empty for a moment: stop writing at once,
+                        self.lost = "its lock file was overwritten"  # then name the holder once it is written
+                        found = (read_lock(self.path) or (None,))[0]
+                    if found is not None:
+                        self.lost = f"it was taken over by {describe(found)}"
                     return
                 self.record["heartbeat"] = int(time.time())
                 f.seek(0)
