@@ -139,14 +139,20 @@ def test_a_run_whose_lock_is_taken_stops_at_its_next_update_without_writing_more
 
 
 def test_of_contenders_for_a_dead_holders_lock_exactly_one_wins(tmp_path):
-    """Several processes find the same dead holder's lock at once: one takes it over, the others are refused."""
-    contender = ("import sys, time; from xsa_exp.run_lock import acquire, RunDirInUse\n"
+    """Several processes find the same dead holder's lock at once: one takes it over, the others are refused. The
+    winner holds the lock until the test has seen the others refused, however late they start."""
+    contender = ("import sys, time; from pathlib import Path; from xsa_exp.run_lock import acquire, RunDirInUse\n"
                  "try:\n    lock = acquire(sys.argv[1])\nexcept RunDirInUse:\n    sys.exit(3)\n"
-                 "time.sleep(3); lock.release()")
+                 "while not Path(sys.argv[2]).exists():\n    time.sleep(0.02)\nlock.release()")
     for attempt in range(3):
-        run_dir = tmp_path / f"run{attempt}"
+        run_dir, others_refused = tmp_path / f"run{attempt}", tmp_path / f"refused{attempt}"
         write_lock(run_dir, **dead_process(), heartbeat_age=0)
-        processes = [subprocess.Popen([sys.executable, "-c", contender, str(run_dir)], cwd=REPO) for _ in range(4)]
+        processes = [subprocess.Popen([sys.executable, "-c", contender, str(run_dir), str(others_refused)], cwd=REPO)
+                     for _ in range(4)]
+        deadline = time.time() + 60  # a second winner never exits: the assertion below fails after this
+        while sum(p.poll() is not None for p in processes) < 3 and time.time() < deadline:
+            time.sleep(0.02)
+        others_refused.touch()
         assert sorted(p.wait(timeout=120) for p in processes) == [0, 3, 3, 3]
         assert not list(run_dir.iterdir())  # the winner released it; no moved lock left behind
 
