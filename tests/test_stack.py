@@ -138,7 +138,7 @@ def test_the_compiled_training_forward_is_one_graph_without_recompiles_across_up
     size (windows through masked SDPA on a CPU, value embeddings, smear, backout, XSA at alpha 1): one graph, forward
     and backward, and no recompilation over several updates, in fp32 and in the GPU presets' precision and head.
     Graphs, breaks and recompiles are dynamo's and AOTAutograd's, so Inductor's code generation is left out
-    (backend aot_eager); tests/test_training.py and bench/gpu_runs.py --smoke compile through Inductor."""
+    (backend aot_eager); tests/test_training.py and tests/test_optim.py compile through Inductor."""
     import functools
 
     import torch._dynamo

@@ -215,7 +215,11 @@ def test_non_finite_steps_can_be_skipped_up_to_a_limit(small_cfg, tmp_path, monk
         with pytest.raises(FloatingPointError, match="non-finite loss at step 4"):
             train(small_cfg("train.skip_nonfinite_steps=1"), tmp_path / "one")
     calls.clear()
-    run_dir = train(small_cfg("train.skip_nonfinite_steps=2"), tmp_path / "two")
+    with pytest.warns(UserWarning) as warned:
+        run_dir = train(small_cfg("train.skip_nonfinite_steps=2"), tmp_path / "two")
+    assert [str(w.message) for w in warned if "non-finite" in str(w.message)] == [
+        "non-finite loss at step 2: update skipped (1 of train.skip_nonfinite_steps=2)",
+        "non-finite loss at step 4: update skipped (2 of train.skip_nonfinite_steps=2)"]
     rows = [r for r in read_rows(run_dir) if r["train/loss"]]
     assert [r["step"] for r in rows] == ["1", "2", "3", "4", "5", "6"]
     assert rows[1]["train/loss"] == "nan" and rows[1]["train/loss_smooth"] == rows[0]["train/loss_smooth"]
