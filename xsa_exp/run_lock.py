@@ -275,7 +275,8 @@ class RunLock:
                 if found is None or found["token"] != self.token:
                     if found is None:  # a contender's new lock file, empty for a moment: stop writing at once,
                         self.lost = "its lock file was overwritten"  # then name the holder once it is written
-                        found = (read_lock(self.path) or (None,))[0]
+                        reread = read_lock(self.path)  # waits a moment for a record
+                        found = reread[0] if reread else None
                     if found is not None:
                         self.lost = f"it was taken over by {describe(found)}"
                     return
