@@ -56,6 +56,10 @@ def bases(tmp_path, monkeypatch):
     sft = [f"data.train_sources.{name}.data_files={FIXTURES / f'{name}_train.jsonl'}"
            for name in ("smoltalk", "mmlu_auxiliary", "gsm8k")]
     sft.append(f"data.val_sources.smoltalk.data_files={FIXTURES / 'smoltalk_test.jsonl'}")
+    bundle = tmp_path / "bundle"  # the index files the check of CORE's bundle looks for (evaluate.py's default metrics)
+    bundle.mkdir()
+    for name in ("core.yaml", "eval_meta_data.csv"):
+        (bundle / name).touch()
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)  # a run directory would be created here
@@ -65,7 +69,7 @@ def bases(tmp_path, monkeypatch):
         "train data=climbmix": ("train", ["data=climbmix", f"data.local_dir={shards}", "data.num_train_shards=1"]),
         "train data=local": ("train", ["data=local", f"data.path={corpus}"]),
         "train stage=sft": ("train", ["stage=sft", f"init_from={base_run}", *sft]),
-        "evaluate": ("evaluate", [f"run={base_run}"]),
+        "evaluate": ("evaluate", [f"run={base_run}", f"eval.bundle_dir={bundle}"]),
     }
 
 
@@ -215,6 +219,8 @@ def test_docs_configuration_lists_the_schema_keys():
      "config error: eval.chatcore.batch_size=0 must be a positive integer"),
     ("evaluate.py", ["run=.", "eval.metrics=[perplexity]"],
      "config error: eval.metrics=['perplexity'] has unknown entries ['perplexity']; allowed: bpb, core, diagnostics,"),
+    ("evaluate.py", ["run=.", "eval.bundle_dir=absent"],  # CORE is in eval.metrics by default
+     "config error: CORE needs the eval bundle, not found at absent; run `python -m xsa_exp.eval.bundle download`"),
 ])
 def test_entry_points_refuse_in_one_line_and_create_nothing(script, args, message, tmp_path):
     """Each refusal comes before torch is imported, which takes longer than the checks (PYTHONPROFILEIMPORTTIME lists

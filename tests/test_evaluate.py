@@ -141,6 +141,7 @@ def test_evaluate_py_command(run_dir, tmp_path):
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "val/bpb" in ok.stdout and "results:" in ok.stdout
     assert "(over 1,024 of " in ok.stdout  # the run's eval.val_tokens covers part of the split, and says so
+    assert (ok.stdout + ok.stderr).count("data: ") == 1  # Lightning's own console handler only, not a root one too
     bad = subprocess.run([sys.executable, "evaluate.py", f"run={tmp_path / 'missing'}"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2

@@ -117,14 +117,14 @@ def test_readme_command_passes_the_preflight(entry, args, stand_ins, tmp_path, m
     base, multirun = base_config(entry, tuple(argv))
     runs = run_configs(entry, base, multirun)
     make_finished_runs(entry, runs, tmp_path)
-    if BUNDLE.is_dir():  # the presets at d12/d24 run CORE during training (the README says to download it)
+    if BUNDLE.is_dir():  # CORE needs it: the d12/d24 presets' training, evaluate.py's default metrics
         monkeypatch.setenv("XSA_EXP_EVAL_BUNDLE", str(BUNDLE))
     try:
         check_runs(entry, runs, multirun)
     except BundleError:
         if BUNDLE.is_dir():
             raise
-        pytest.skip(f"this command runs CORE during training, which needs the eval bundle, not found at {BUNDLE}")
+        pytest.skip(f"this command runs CORE, which needs the eval bundle, not found at {BUNDLE}")
     assert runs, "the command composed no run"
 
 

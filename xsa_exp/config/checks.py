@@ -160,6 +160,8 @@ def validate_evaluate(cfg: DictConfig) -> None:
     if unknown or not metrics:
         raise ConfigError(f"eval.metrics={metrics} has unknown entries {unknown}; allowed: {', '.join(known)}"
                           if metrics else f"eval.metrics=[] is empty; allowed: any of {', '.join(known)}")
+    if "core" in metrics:  # the check evaluate.py makes before CORE (xsa_exp/evaluate_run.py), before the imports
+        require_bundle(cfg.eval.bundle_dir, "CORE", "drop core from eval.metrics")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         allowed = schema_meta("device", cls=schema.EvaluateConfig)["accepts"]
         raise ConfigError(f"device={fmt(cfg.device)} is not an option; allowed: {allowed}")
