@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def child(frozen: bool, steps: int) -> None:
     import lightning as L
-    from hydra import compose, initialize_config_dir
+    from gpu_runs import compose_cfg  # bench/gpu_runs.py, beside this script: a config as train.py hands it over
 
     from xsa_exp.training import run as training
     from xsa_exp.training.host import FrozenGC
@@ -50,10 +50,8 @@ def child(frozen: bool, steps: int) -> None:
     build = training.build_callbacks
     training.build_callbacks = lambda *a: [c for c in build(*a) if frozen or not isinstance(c, FrozenGC)] + [
         AfterUpdate2()]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[
-            "logger=csv", "train.compile=true", f"train.max_steps={steps}", "eval.every=0", "eval.diag_every=0",
-            f"log.print_every={steps}", "train.cpu_threads=1"])
+    cfg = compose_cfg(["logger=csv", "train.compile=true", f"train.max_steps={steps}", "eval.every=0",
+                       "eval.diag_every=0", f"log.print_every={steps}", "train.cpu_threads=1"])
     with tempfile.TemporaryDirectory() as tmp:
         training.train(cfg, Path(tmp) / "run")
     gc.callbacks.remove(on_collection)

@@ -13,8 +13,9 @@ a bootstrap 95% interval, tokens/s, and peak memory (GPU: per arm, the other arm
 state left out; CPU: the process's peak RSS). GPU mode runs the study's stack (stack=nanochat_2604: windowed
 layers through FlexAttention's block masks, as the training forward).
 
-Lightning: the same model, optimizer, schedule and batch trained by `Trainer.fit` and by a plain
-loop (zero_grad, forward, backward, step, scheduler step), in alternating blocks of steps.
+Lightning: the same model, optimizer, schedule and batch trained by `Trainer.fit` (with a run's metrics callbacks:
+its rows and console line every log.print_every updates) and by a plain loop (zero_grad, forward, backward, step,
+scheduler step), in alternating blocks of steps.
 
 MFU = tokens/s x flops-per-token / peak flops, with flops per token = 6 x (parameters that
 multiply: hidden matrices + lm_head) + 12 x n_layer x n_embd x seq_len (attention scores and
@@ -182,7 +183,7 @@ class StepClock(L.Callback):
 
 def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: int):
     """Per-step wall time of Trainer.fit vs a bare loop, alternating blocks of `block` steps."""
-    from xsa_exp.training.metrics_log import TrainMetrics
+    from xsa_exp.training.metrics_log import HostSync, TrainMetrics, UpdateClock
     from xsa_exp.training.module import LanguageModel
 
     cfg = compose_cfg(shape)
@@ -195,8 +196,12 @@ def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: in
         model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
         module = LanguageModel(model, typed(cfg.optim, OptimConfig), None, 10**6)
         clock = StepClock()
-        # TrainMetrics included: the per-step loss sync, grad norm and row building are part of our framework's cost.
-        callbacks = [TrainMetrics(batch.numel(), 0.9, 10**9), clock]
+        # A run's metrics callbacks (xsa_exp/training/run.py) are part of the framework's cost: the rows, read at
+        # the host-sync steps, and the console line, both every log.print_every updates as in a default run.
+        update_clock = UpdateClock(HostSync([cfg.log.print_every]))
+        metrics = TrainMetrics(batch.numel(), cfg.log.ema_beta, cfg.log.print_every, update_clock,
+                               model.flops_per_token(), None)
+        callbacks = [metrics, clock, update_clock]
         trainer = L.Trainer(accelerator="cpu", max_steps=block + 2, logger=False, callbacks=callbacks,
                             limit_val_batches=0, enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False)
