@@ -450,6 +450,21 @@ def test_arms_baseline_and_alpha_option(tmp_path):
     assert (XSA, "val/bpb", "delta") not in got
 
 
+def test_a_sweep_without_a_baseline_is_paired_with_one_from_another_directory(tmp_path):
+    """docs/report.md: a layer-selection sweep has no alpha = 0 arm; alone its report says so, given with an alpha
+    sweep's directory it gets each selection's paired difference."""
+    layers, alphas = tmp_path / "layers", tmp_path / "alphas"
+    make_run(layers, "0", alpha=1.0, layers="all", seed=1, final_bpb=0.80)
+    make_run(layers, "1", alpha=1.0, layers="ve", seed=1, final_bpb=0.83)
+    make_run(alphas, "0", alpha=0.0, seed=1, final_bpb=0.90)
+    alone = build_report([layers], tmp_path / "alone")
+    assert "No arm shares a seed with a baseline arm" in alone.read_text()
+    assert not any(stat == "paired_delta" for _, _, stat in numbers(alone))
+    got = numbers(build_report([layers, alphas], tmp_path / "both"))
+    assert got[XSA, "val/bpb", "paired_delta"] == pytest.approx(0.80 - 0.90)
+    assert got["muon · α=1 · layers=ve · value=mixed", "val/bpb", "paired_delta"] == pytest.approx(0.83 - 0.90)
+
+
 # -----------------------------------------------------------------------------
 # Plots, robustness, output folder, CLI
 
