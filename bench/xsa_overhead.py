@@ -15,7 +15,9 @@ layers through FlexAttention's block masks, as the training forward).
 
 Lightning: the same model, optimizer, schedule and batch trained by `Trainer.fit` (with a run's metrics callbacks:
 its rows and console line every log.print_every updates) and by a plain loop (zero_grad, forward, backward, step,
-scheduler step), in alternating blocks of steps.
+scheduler step), with and without LanguageModel's update guard (gradient norm, non-finite flag), in blocks of steps
+whose order rotates. Trainer.fit over the guarded loop is the framework's cost; the guarded loop over the plain one,
+the guard's.
 
 MFU = tokens/s x flops-per-token / peak flops, with flops per token = 6 x (parameters that
 multiply: hidden matrices + lm_head) + 12 x n_layer x n_embd x seq_len (attention scores and
@@ -182,16 +184,21 @@ class StepClock(L.Callback):
 
 
 def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: int):
-    """Per-step wall time of Trainer.fit vs a bare loop, alternating blocks of `block` steps."""
+    """Per-step wall time of Trainer.fit, of a bare loop with LanguageModel's update guard (the gradient norm and the
+    non-finite flag, computed on the device every update) and of a bare loop without it, in blocks of `block` steps,
+    the three arms' order rotating from block to block."""
     from xsa_exp.training.metrics_log import HostSync, TrainMetrics, UpdateClock
-    from xsa_exp.training.module import LanguageModel
+    from xsa_exp.training.module import LanguageModel, update_guard
 
     cfg = compose_cfg(shape)
     batch = torch.randint(0, cfg.model.vocab_size, (batch_size, cfg.model.sequence_len + 1),
                           generator=torch.Generator().manual_seed(0))
     loader = torch.utils.data.DataLoader(FixedBatch(batch, 10**9), batch_size=None)
-    ratios, lightning_ms, bare_ms = [], [], []
-    for _ in range(blocks):
+
+    def per_step(stamps: list[float]) -> float:
+        return (stamps[-1] - stamps[1]) / (len(stamps) - 2)  # after 2 warm-up steps
+
+    def lightning() -> float:
         torch.manual_seed(0)
         model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
         module = LanguageModel(model, typed(cfg.optim, OptimConfig), None, 10**6)
@@ -201,27 +208,43 @@ def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: in
         update_clock = UpdateClock(HostSync([cfg.log.print_every]))
         metrics = TrainMetrics(batch.numel(), cfg.log.ema_beta, cfg.log.print_every, update_clock,
                                model.flops_per_token(), None)
-        callbacks = [metrics, clock, update_clock]
-        trainer = L.Trainer(accelerator="cpu", max_steps=block + 2, logger=False, callbacks=callbacks,
-                            limit_val_batches=0, enable_checkpointing=False, enable_progress_bar=False,
-                            enable_model_summary=False)
+        trainer = L.Trainer(accelerator="cpu", max_steps=block + 2, logger=False,
+                            callbacks=[metrics, clock, update_clock], limit_val_batches=0,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
         trainer.fit(module, loader)
-        per_step_lightning = (clock.stamps[-1] - clock.stamps[1]) / (len(clock.stamps) - 2)  # 2 warm-up steps
+        return per_step(clock.stamps)
 
-        _, model, opt, sched = build(shape, "cpu", False)
-        data = iter(loader)
-        stamps = []
+    def bare(guard: bool) -> float:
+        _, model, optimizer, scheduler = build(shape, "cpu", False)
+        data, stamps = iter(loader), []
         for _ in range(block + 2):
-            train_step(model, opt, sched, next(data), nullcontext)
+            batch = next(data)
+            optimizer.zero_grad(set_to_none=True)
+            loss = model(batch[:, :-1], batch[:, 1:])
+            loss.backward()
+            if guard:
+                _, optimizer.found_inf = update_guard(model.parameters(), loss.detach())
+            optimizer.step()
+            scheduler.step()
             stamps.append(time.perf_counter())
-        per_step_bare = (stamps[-1] - stamps[1]) / (len(stamps) - 2)
-        lightning_ms.append(per_step_lightning * 1e3)
-        bare_ms.append(per_step_bare * 1e3)
-        ratios.append(per_step_lightning / per_step_bare)
-    lo, hi = bootstrap_median_ci(ratios)
-    print(f"\nLightning vs bare loop ({' '.join(shape)}, batch {batch_size}, {blocks} blocks x {block} steps): "
-          f"median step {statistics.median(lightning_ms):.1f} ms vs {statistics.median(bare_ms):.1f} ms, "
-          f"ratio {statistics.median(ratios):.4f} [{lo:.4f}, {hi:.4f}]")
+        return per_step(stamps)
+
+    arms = {"lightning": lightning, "guarded": lambda: bare(True), "bare": lambda: bare(False)}
+    seconds = {name: [] for name in arms}
+    for i in range(blocks):
+        names = list(arms)[i % 3:] + list(arms)[:i % 3]
+        for name in names:
+            seconds[name].append(arms[name]())
+    ms = {name: statistics.median(s) * 1e3 for name, s in seconds.items()}
+    print(f"\nLightning vs bare loop ({' '.join(shape)}, batch {batch_size}, {blocks} blocks x {block} steps): median "
+          f"step {ms['lightning']:.1f} ms (Trainer.fit), {ms['guarded']:.1f} ms (bare loop with the update guard), "
+          f"{ms['bare']:.1f} ms (bare loop)")
+    for label, num, den in (("Trainer.fit / bare loop with the guard (the framework)", "lightning", "guarded"),
+                            ("bare loop with the guard / bare loop (the guard)", "guarded", "bare"),
+                            ("Trainer.fit / bare loop (both)", "lightning", "bare")):
+        ratios = [a / b for a, b in zip(seconds[num], seconds[den])]
+        lo, hi = bootstrap_median_ci(ratios)
+        print(f"  {label}: ratio {statistics.median(ratios):.4f} [{lo:.4f}, {hi:.4f}]")
 
 
 def main() -> None:

@@ -16,6 +16,13 @@ from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups
 from xsa_exp.run_dir import checkpoint_meta
 
 
+def update_guard(params, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient norm over params and MuonAdamW's found_inf (1.0 when the loss or the norm is not finite), both
+    left on the device."""
+    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    return grad_norm, (~(torch.isfinite(grad_norm) & torch.isfinite(loss))).float()
+
+
 class LanguageModel(L.LightningModule):
     def __init__(self, model: GPT, optim_cfg: OptimConfig, transfer: Transfer | None, total_steps: int,
                  run_config: dict | None = None, max_skipped_steps: int = 0, compile: bool = False):
@@ -60,10 +67,8 @@ class LanguageModel(L.LightningModule):
         # Called once per update, after the last micro-batch's backward and before clipping. Nothing here reads a
         # device value: a non-finite loss or gradient sets the optimizer's found_inf, which skips the update on the
         # device (weights and state unchanged); pop_update_stats counts the skips against the budget.
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm(grads)
         loss = self._loss_sum / self._micro_batches
-        optimizer.found_inf = (~(torch.isfinite(grad_norm) & torch.isfinite(loss))).float()
+        grad_norm, optimizer.found_inf = update_guard(self.parameters(), loss)
         update = {"loss": loss, "grad_norm": grad_norm, "found_inf": optimizer.found_inf,
                   "step": self.trainer.global_step + 1}
         for group in optimizer.param_groups:
