@@ -1,15 +1,22 @@
-"""The training process's host hygiene: the CUDA allocator's setting, the frozen garbage collector, pinned batches on
-CUDA and each rank's share of the CPUs for tokenizing."""
+"""The training process's host hygiene: the allocators' settings (CUDA's on a GPU, glibc's on a CPU), the frozen garbage
+collector, pinned batches on CUDA and each rank's share of the CPUs for tokenizing."""
 
 import gc
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
+from tests.conftest import REPO, compose_config
+from xsa_exp import evaluate_run
 from xsa_exp.config.schema import SampleDataConfig
 from xsa_exp.data.datamodule import TextDataModule
+from xsa_exp.training import host
+from xsa_exp.training import run as training
 from xsa_exp.training.host import ALLOCATOR_VARIABLES, FrozenGC, use_expandable_segments
 
 
@@ -24,6 +31,68 @@ def test_expandable_segments_unless_the_user_set_the_allocator(monkeypatch):
         use_expandable_segments()
         assert os.environ[name] == "max_split_size_mb:256" and len(set(ALLOCATOR_VARIABLES) & set(os.environ)) == 1
         monkeypatch.delenv(name)
+
+
+# Steps of a loss over 4,096-way logits (32 MiB, as the tiny preset's), as a CPU training step allocates and frees
+# them; the page faults of a step before and after keep_freed_host_memory, in a process of its own: the setting is
+# the process's for good.
+PAGE_FAULTS = """
+import resource, torch
+from xsa_exp.training.host import keep_freed_host_memory
+x, targets, w = torch.randn(2048, 128), torch.randint(0, 4096, (2048,)), torch.randn(128, 4096, requires_grad=True)
+def faults_per_step(steps):
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(steps):
+        torch.nn.functional.cross_entropy(15 * torch.tanh(x @ w), targets).backward()
+        w.grad = None
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start) / steps
+faults_per_step(5)
+before = faults_per_step(10)
+keep_freed_host_memory()
+faults_per_step(5)
+print(before, faults_per_step(10))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_freed_host_memory_stays_mapped_so_that_steps_stop_faulting_pages_in():
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", PAGE_FAULTS], env=env, cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    before, after = map(float, out.split())
+    assert before > 1000 and after < before / 5, (before, after)
+
+
+def test_malloc_is_tuned_unless_the_user_tuned_it(monkeypatch):
+    calls = []
+    monkeypatch.setattr(host.ctypes, "CDLL", lambda name: SimpleNamespace(mallopt=lambda *args: calls.append(args)))
+    for name in [k for k in os.environ if k == "GLIBC_TUNABLES" or k.startswith("MALLOC_")]:
+        monkeypatch.delenv(name)
+    host.keep_freed_host_memory()
+    assert calls == [(host.M_MMAP_MAX, 0), (host.M_TRIM_THRESHOLD, 1 << 30)]
+    for name, value in (("MALLOC_ARENA_MAX", "2"), ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0")):
+        calls.clear()
+        with monkeypatch.context() as m:
+            m.setenv(name, value)
+            host.keep_freed_host_memory()
+        assert calls == [], name
+
+
+class Tuned(Exception):
+    pass
+
+
+def test_training_and_evaluating_on_a_cpu_tune_malloc_first(monkeypatch, tmp_path):
+    def tuned():
+        raise Tuned
+    monkeypatch.setattr(training, "keep_freed_host_memory", tuned)
+    monkeypatch.setattr(evaluate_run, "keep_freed_host_memory", tuned)
+    with pytest.raises(Tuned):
+        training.train(compose_config("trainer.accelerator=cpu"), tmp_path / "run")
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="evaluate", overrides=[f"run={tmp_path / 'run'}", "device=cpu"])
+    with pytest.raises(Tuned):
+        evaluate_run.evaluate(cfg)
 
 
 def test_the_collector_is_frozen_after_the_first_update_and_thawed_at_the_end():

@@ -37,6 +37,7 @@ from xsa_exp.run_dir import (
     trained_precision,
     write_summary,
 )
+from xsa_exp.training.host import keep_freed_host_memory
 
 
 def evaluate(cfg: DictConfig) -> Path | None:
@@ -46,11 +47,13 @@ def evaluate(cfg: DictConfig) -> Path | None:
     quiet_libraries()
     options = cfg.eval
     metrics = list(options.metrics)  # checked by the preflight (xsa_exp/config/checks.py)
+    rank, world_size, device = join_process_group(cfg.device)
+    if device.type == "cpu":
+        keep_freed_host_memory()
     run = load_trained(cfg.run)
     # ChatCORE reads some of its tasks from the bundle too, but runs (with those listed as missing) without it.
     bundle = require_bundle(options.bundle_dir, "CORE", "drop core from eval.metrics") if "core" in metrics \
         else resolve_bundle_dir(options.bundle_dir)
-    rank, world_size, device = join_process_group(cfg.device)
     say = print if rank == 0 else lambda *args, **kwargs: None
     model = run.model.to(device)
     precision = options.precision or trained_precision(run.run_dir)

@@ -38,7 +38,7 @@ from xsa_exp.run_dir import LoadedRun, RunError, load_trained
 from xsa_exp.run_lock import LockLost
 from xsa_exp.training.checkpoints import PeriodicCheckpoint, RunDirCheckpointIO, remove_untracked_step_checkpoints
 from xsa_exp.training.evaluations import AttentionDiagnostics, CoreEvaluation, ValidationBPB
-from xsa_exp.training.host import FrozenGC, use_expandable_segments
+from xsa_exp.training.host import FrozenGC, keep_freed_host_memory, use_expandable_segments
 from xsa_exp.training.metrics_log import HostSync, RunCSVLogger, TrainMetrics, UpdateClock
 from xsa_exp.training.module import LanguageModel
 from xsa_exp.training.preemption import PreemptionCheckpoint
@@ -122,6 +122,8 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     export_submitit_local_ranks()
     if accelerator_is_cuda(cfg.trainer):
         use_expandable_segments()  # before anything initialises CUDA
+    else:
+        keep_freed_host_memory()
     run_dir = Path(run_dir).resolve()
     with RunDirWriter(run_dir) as writer:
         return train_as_writer(cfg, run_dir, writer)
