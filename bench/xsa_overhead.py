@@ -187,9 +187,11 @@ def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: in
     """Per-step wall time of Trainer.fit, of a bare loop with LanguageModel's update guard (the gradient norm and the
     non-finite flag, computed on the device every update) and of a bare loop without it, in blocks of `block` steps,
     the three arms' order rotating from block to block."""
+    from xsa_exp.training.host import keep_freed_host_memory
     from xsa_exp.training.metrics_log import HostSync, TrainMetrics, UpdateClock
     from xsa_exp.training.module import LanguageModel, update_guard
 
+    keep_freed_host_memory()  # glibc's malloc as a CPU run sets it (training/run.py), for all three arms
     cfg = compose_cfg(shape)
     batch = torch.randint(0, cfg.model.vocab_size, (batch_size, cfg.model.sequence_len + 1),
                           generator=torch.Generator().manual_seed(0))
