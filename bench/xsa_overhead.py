@@ -67,11 +67,15 @@ def build(overrides: list[str], device: str, compile_model: bool):
     return cfg, model, optimizer, scheduler
 
 
-def train_step(model, optimizer, scheduler, batch, autocast) -> None:
+def train_step(model, optimizer, scheduler, batch, autocast, guard: bool = False) -> None:
+    """One update; with guard, LanguageModel's update guard between the backward and the step."""
     optimizer.zero_grad(set_to_none=True)
     with autocast():
         loss = model(batch[:, :-1], batch[:, 1:])
     loss.backward()
+    if guard:
+        from xsa_exp.training.module import update_guard
+        _, optimizer.found_inf = update_guard(model.parameters(), loss.detach())
     optimizer.step()
     scheduler.step()
 
@@ -189,7 +193,7 @@ def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: in
     the three arms' order rotating from block to block."""
     from xsa_exp.training.host import keep_freed_host_memory
     from xsa_exp.training.metrics_log import HostSync, TrainMetrics, UpdateClock
-    from xsa_exp.training.module import LanguageModel, update_guard
+    from xsa_exp.training.module import LanguageModel
 
     keep_freed_host_memory()  # glibc's malloc as a CPU run sets it (training/run.py), for all three arms
     cfg = compose_cfg(shape)
@@ -220,14 +224,7 @@ def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: in
         _, model, optimizer, scheduler = build(shape, "cpu", False)
         data, stamps = iter(loader), []
         for _ in range(block + 2):
-            batch = next(data)
-            optimizer.zero_grad(set_to_none=True)
-            loss = model(batch[:, :-1], batch[:, 1:])
-            loss.backward()
-            if guard:
-                _, optimizer.found_inf = update_guard(model.parameters(), loss.detach())
-            optimizer.step()
-            scheduler.step()
+            train_step(model, optimizer, scheduler, next(data), nullcontext, guard)
             stamps.append(time.perf_counter())
         return per_step(stamps)
 
