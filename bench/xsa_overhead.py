@@ -43,6 +43,7 @@ from xsa_exp.cluster import peak_flops
 from xsa_exp.config.schema import ModelConfig, OptimConfig, XSAConfig, typed
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups
+from xsa_exp.training.module import LanguageModel, update_guard
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"alpha=0": ["xsa.alpha=0"], "alpha=1": ["xsa.alpha=1"], "learnable": ["xsa=learnable"]}
@@ -74,7 +75,6 @@ def train_step(model, optimizer, scheduler, batch, autocast, guard: bool = False
         loss = model(batch[:, :-1], batch[:, 1:])
     loss.backward()
     if guard:
-        from xsa_exp.training.module import update_guard
         _, optimizer.found_inf = update_guard(model.parameters(), loss.detach())
     optimizer.step()
     scheduler.step()
@@ -193,7 +193,6 @@ def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: in
     the three arms' order rotating from block to block."""
     from xsa_exp.training.host import keep_freed_host_memory
     from xsa_exp.training.metrics_log import HostSync, TrainMetrics, UpdateClock
-    from xsa_exp.training.module import LanguageModel
 
     keep_freed_host_memory()  # glibc's malloc as a CPU run sets it (training/run.py), for all three arms
     cfg = compose_cfg(shape)
