@@ -26,13 +26,11 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt's parameters (glibc's malloc.h)
 
 
 def keep_freed_host_memory() -> None:
-    """glibc's malloc keeps the memory that tensors free for the next ones, unless the user tuned malloc (a MALLOC_*
-    variable or GLIBC_TUNABLES). By default it maps each block of 32 MiB or more (the tiny preset's logits and their
-    gradients) afresh and unmaps it when freed, and hands the free top of its heap back to the kernel, so that every
-    CPU training step faults its pages in again: about 80,000 page faults a step at the tiny preset, against a few
-    hundred with every block on the heap and up to 1 GiB of free heap kept (BENCHMARKS.md, "The host allocator on
-    CPU"). The process holds on to its peak memory instead of returning it between steps. Nothing happens where the
-    C library has no mallopt (macOS)."""
+    """glibc's malloc keeps the memory freed tensors leave for the next ones, unless the user tuned malloc (a MALLOC_*
+    variable or GLIBC_TUNABLES). By default it maps each block of 32 MiB or more (the tiny preset's logits) afresh,
+    unmaps it when freed and trims its heap's free top, so every CPU training step faults its largest tensors in again
+    (BENCHMARKS.md, "The host allocator on CPU"). The process keeps its peak memory instead. Nothing happens where
+    the C library has no mallopt (macOS)."""
     if "GLIBC_TUNABLES" in os.environ or any(name.startswith("MALLOC_") for name in os.environ):
         return
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
