@@ -46,18 +46,22 @@ class ArmResult:
     layer_paired: dict[str, dict[int, Estimate]] = field(default_factory=dict)
 
     def delta(self, metric: str) -> tuple[float, float | None] | None:
-        """(arm − baseline, the same relative to the baseline in % or None where that means nothing) of the
-        means, when both have the metric."""
-        if self.baseline is None or metric not in self.values or metric not in self.baseline.values:
+        """(arm − baseline, the same relative to the baseline in % or None where that means nothing) of the means
+        over the seeds both have, as the paired difference: a seed one arm lacks moves neither mean."""
+        if self.baseline is None:
             return None
-        base = self.baseline.values[metric].value
-        diff = self.values[metric].value - base
-        return diff, relative_change(diff, base)
+        arm, base = by_seed(self.runs, metric), by_seed(self.baseline.runs, metric)
+        seeds = sorted(arm.keys() & base.keys())
+        if not seeds:
+            return None
+        base_mean = float(np.mean([base[seed] for seed in seeds]))
+        diff = float(np.mean([arm[seed] for seed in seeds])) - base_mean
+        return diff, relative_change(diff, base_mean)
 
     def last_per_layer(self, prefix: str) -> pd.Series:
-        """<prefix>/L{i} per layer at each run's last row that logged it, mean over the arm's runs (empty if
-        never logged)."""
-        return pd.DataFrame([run.last_per_layer(prefix) for run in self.runs]).mean()
+        """<prefix>/L{i} per layer at each run's last row that logged it, mean over the arm's seeds (reruns of a seed
+        averaged first; empty if never logged)."""
+        return pd.DataFrame(list(last_per_layer_by_seed(self.runs, prefix).values())).mean()
 
     def layer_differences(self, prefix: str) -> dict[int, Estimate]:
         """Per layer, <prefix>/L{i} at the last row that logged it, arm − baseline paired over the seeds both

@@ -110,7 +110,13 @@ def fmt_difference(e: Estimate | None) -> str:
 
 
 def fmt_p(p: float) -> str:
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
+    """p to 3 decimals, or to as many more as keep it on its side of 0.05 (0.0497, not 0.050 beside "yes")."""
+    if p < 0.001:
+        return "<0.001"
+    digits = 3
+    while digits < 6 and (float(f"{p:.{digits}f}") < 0.05) != (p < 0.05):
+        digits += 1
+    return f"{p:.{digits}f}"
 
 
 def fmt_spread(e: Estimate) -> list[str]:
@@ -156,8 +162,9 @@ def final_table(depth: str, results: list[ArmResult]) -> list[str]:
             cells.append("baseline" if r.is_baseline else fmt_delta(delta))
         rows.append(cells)
     parts = ["### Final results", "",
-             "Mean ± 95% CI over seeds; Δ: arm mean − baseline mean (relative to the baseline). "
-             "Lower val/bpb is better, higher CORE and ChatCORE are better.", "", md_table(header, rows), ""]
+             "Mean ± 95% CI over seeds; Δ: arm mean − baseline mean over the seeds both have, as paired below "
+             "(relative to that baseline mean). Lower val/bpb is better, higher CORE and ChatCORE are better.", "",
+             md_table(header, rows), ""]
     if not_relative:
         parts += [f"n/a: a relative change is printed only where the baseline mean is at least "
                   f"{RELATIVE_MIN_BASELINE:g}; below that (negative, zero or near zero, as centered CORE scores "
@@ -292,10 +299,14 @@ def learned_alpha_section(depth: str, results: list[ArmResult], out: Numbers) ->
     """Final α per layer and head of each learnable arm: the last diagnostics.jsonl line, mean over seeds."""
     parts = []
     for r in results:
-        alphas = [run.final_alpha for run in r.runs if run.final_alpha is not None]
-        shapes = {a.shape for a in alphas}
-        if r.arm.alpha is not None or not alphas or len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        per_seed = defaultdict(list)
+        for run in r.runs:
+            if run.final_alpha is not None:
+                per_seed[run.seed].append(run.final_alpha)
+        shapes = {a.shape for alphas in per_seed.values() for a in alphas}
+        if r.arm.alpha is not None or not per_seed or len(shapes) != 1 or len(next(iter(shapes))) != 2:
             continue
+        alphas = [np.mean(reruns, axis=0) for reruns in per_seed.values()]  # each seed once
         mean = np.mean(alphas, axis=0)
         n_heads = mean.shape[1]
         table = []

@@ -144,21 +144,23 @@ def paired_difference(runs: list[Run], baseline: list[Run], metric: str) -> Esti
     return mean_ci(list(diffs.values())) if diffs else None
 
 
-def by_seed_and_step(runs: list[Run], column: str) -> pd.DataFrame:
-    """A column of metrics.csv per step (rows) and seed (columns), reruns of a seed averaged; NaN where a seed's
-    runs did not log it at that step."""
+def by_seed_and_step(runs: list[Run], column: str) -> pd.Series:
+    """A column of metrics.csv per (step, seed) at which a seed's runs logged it, reruns of a seed averaged; a
+    non-finite value logged (a diverged run) stays NaN, where a step not logged has no entry."""
     frames = [pd.DataFrame({"step": rows["step"].to_numpy(dtype=int), "seed": run.seed,
                             "value": rows[column].to_numpy(dtype=float)})
               for run in runs if not (rows := run.rows(column)).empty]
     if not frames:
-        return pd.DataFrame(dtype=float)
-    return pd.concat(frames).groupby(["step", "seed"])["value"].mean().unstack("seed")
+        return pd.Series(dtype=float, index=pd.MultiIndex.from_arrays([[], []], names=["step", "seed"]))
+    values = pd.concat(frames).replace([np.inf, -np.inf], np.nan).groupby(["step", "seed"])["value"]
+    return values.mean().where(values.count() == values.size())  # NaN where any rerun logged one
 
 
 def paired_difference_by_step(runs: list[Run], baseline: list[Run], column: str) -> dict[int, Estimate]:
-    """step -> mean ± CI of (arm − baseline) of the column at that step, over the seeds both logged it at."""
-    differences = by_seed_and_step(runs, column) - by_seed_and_step(baseline, column)  # aligned on step and seed
-    return {int(step): mean_ci(row.dropna()) for step, row in differences.iterrows() if row.notna().any()}
+    """step -> mean ± CI of (arm − baseline) of the column at that step, over the seeds both logged it at (NaN,
+    with no interval, where one of them had diverged there)."""
+    arm, base = by_seed_and_step(runs, column).align(by_seed_and_step(baseline, column), join="inner")
+    return {int(step): mean_ci(differences.to_numpy()) for step, differences in (arm - base).groupby(level="step")}
 
 
 def interaction(first: dict[int, float], second: dict[int, float]) -> Estimate | None:
@@ -175,17 +177,15 @@ def relative_change(diff: float, base: float) -> float | None:
 
 
 def band(runs: list[Run], column: str) -> pd.DataFrame:
-    """A column of metrics.csv over the runs, per step: step, tokens (mean tokens_seen), mean, low (min over
-    the runs), high (max) and n (runs that logged a finite value at that step)."""
-    frames = [run.rows(column).reindex(columns=["step", "tokens_seen", column]) for run in runs]
-    frames = [f for f in frames if not f.empty]
-    if not frames:
+    """A column of metrics.csv over the seeds (reruns of a seed averaged), per step: step, tokens (mean
+    tokens_seen), mean, low (min over the seeds), high (max) and n (seeds with a finite value there)."""
+    values = by_seed_and_step(runs, column).unstack("seed")
+    if values.empty:
         return pd.DataFrame(columns=["step", "tokens", "mean", "low", "high", "n"])
-    long = pd.concat(frames).replace([np.inf, -np.inf], np.nan)
-    group = long.groupby("step")
-    return pd.DataFrame({"tokens": group["tokens_seen"].mean(), "mean": group[column].mean(),
-                         "low": group[column].min(), "high": group[column].max(),
-                         "n": group[column].count()}).reset_index()
+    tokens = pd.concat(run.rows(column).reindex(columns=["step", "tokens_seen"]) for run in runs)
+    tokens = tokens.groupby("step")["tokens_seen"].mean()
+    return pd.DataFrame({"tokens": tokens, "mean": values.mean(axis=1), "low": values.min(axis=1),
+                         "high": values.max(axis=1), "n": values.count(axis=1)}).rename_axis("step").reset_index()
 
 
 def count_spikes(steps, loss, smooth, warmup_steps: float) -> int:
