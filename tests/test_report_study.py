@@ -225,14 +225,15 @@ def test_scale_trend_rows_and_plot(tmp_path):
 
 def test_runs_trained_otherwise_are_never_pooled_into_one_arm(tmp_path):
     """Keys that change what a run computes split its depth: clipping, the width lr scaling, XSA's eps, the tokenizer's
-    sample, compilation, nanochat's transfer (its lr factor; a run from before optim.transfer reads as null), and the
-    key that set the run's length (here train.epochs; SFT's epoch of rows left after dropping the untrained ones
-    differs by a step between seeds, which must not split them)."""
+    sample, the validation files, compilation, nanochat's transfer (its lr factor; a run from before optim.transfer
+    reads as null), and the key that set the run's length (here train.epochs; SFT's epoch of rows left after dropping
+    the untrained ones differs by a step between seeds, which must not split them)."""
     study = tmp_path / "study"
     others = {"train:\n  grad_clip: 1.0\n": "grad_clip=1.0", "optim:\n  width_lr_scaling: false\n":
               "width_lr_scaling=False", "  eps: 0.001\n": "eps=0.001", "train:\n  compile: true\n":
               "compile=True", "data:\n  tokenizer_chars: 1000\n": "tokenizer_chars=1000",
-              "optim:\n  transfer:\n    lr_factor: 1.5\n": "lr_factor=1.5"}
+              "optim:\n  transfer:\n    lr_factor: 1.5\n": "lr_factor=1.5", "data:\n  val_path: /data/v.jsonl\n":
+              "val_path=/data/v.jsonl"}
     for seed in (1, 2):
         make_run(study, f"b{seed}", seed=seed, final_bpb=0.9)
         make_run(study, f"x{seed}", alpha=1.0, seed=seed, final_bpb=0.91)
@@ -373,9 +374,13 @@ def test_validation_coverage(tmp_path):
     make_run(mixed, "b", alpha=1.0, val_scope=part)
     make_run(mixed, "c", alpha=1.0, seed=2)  # an older run without val_scope: nothing said
     report = build_report([mixed], tmp_path / "out2")
-    text = report.read_text()
-    assert "- `mixed/b`: val/bpb over 1,024 of 84,096 tokens" in text and "`mixed/a`: val/bpb" not in text
-    assert numbers(report)[XSA, "val/bpb", "val_tokens:mixed/b"] == 1024
+    text, got = report.read_text(), csv_rows(report)
+    # A bpb over other tokens is another measurement: b is its own setting, never paired with a; c (seed 2) is.
+    whole_split, partial = "d12 · val_scope=the whole split", "d12 · val_scope=over 1,024 of 84,096 tokens"
+    assert {depth for depth, *_ in got} == {whole_split, partial}
+    assert got[partial, XSA, "val/bpb", "val_tokens:mixed/b"] == 1024 and (partial, XSA, "val/bpb", "delta") not in got
+    assert "Validation coverage: val/bpb over 1,024 of 84,096 tokens (every run of this depth)." in text
+    assert "`mixed/a`: val/bpb" not in text and got[whole_split, XSA, "val/bpb", "mean_n"] == 1
     # an evaluation's val_scope wins with its val/bpb
     folder = make_eval(mixed / "b", 20, {"val/bpb": 0.84}, stamp="20260102-000000")
     summary = [s for f, s in rd.evaluations(mixed / "b") if f == folder][0]

@@ -31,12 +31,15 @@ class RunProblem(Exception):
 # Config keys whose values, where they differ between runs of one depth, make those runs different settings (e.g.
 # "tiny · sequence_len=512"), compared and trended apart: the stack, the model's shape and switches, the optimizer's
 # hyperparameters, the training length (by the key that set it: see load_run), batch and clipping, the corpus and
-# its tokenizer, the precision and compilation (both move the last bits). The arm's keys (xsa.* but its eps, the
-# optimizer) and the seed are not settings, nor is a key that only the optimizer arm changes (optim=adamw's matrix lr).
+# its files, shards and tokenizer, the precision and compilation (both move the last bits), and what the final
+# val/bpb covers (VAL_SCOPE). The arm's keys (xsa.* but its eps, the optimizer) and the seed are not settings, nor is
+# a key that only the optimizer arm changes (optim=adamw's matrix lr).
 LENGTH_KEYS = ("train.max_steps", "train.target_tokens", "train.epochs", "train.param_data_ratio")
+VAL_SCOPE = "val_scope"  # a bpb over other tokens is another measurement: runs that differ in it are never paired
 SETTING_KEYS = ("stack_name", "model.", "xsa.eps", "optim.width_lr_scaling", "optim.muon.", "optim.lr.",
                 "optim.adamw.", "optim.schedule.", "optim.transfer.", *LENGTH_KEYS, "train.total_batch_tokens",
-                "train.grad_clip", "train.compile", "data.name", "data.tokenizer_chars", "trainer.precision")
+                "train.grad_clip", "train.compile", "data.name", "data.repo", "data.num_train_shards", "data.path",
+                "data.val_path", "data.tokenizer_chars", "trainer.precision", VAL_SCOPE)
 
 
 @dataclass
@@ -56,7 +59,7 @@ class Run:
     sources: dict[str, str | Path] = field(default_factory=dict)  # metric -> "metrics.csv step N" or eval folder
     val_scope: dict | None = None  # what the final val/bpb covers: {"tokens", "split_tokens", "whole"}
     final_alpha: np.ndarray | None = None  # α per layer and head at the last diagnostics step (learnable runs)
-    config: dict = field(default_factory=dict)  # config.yaml's leaves, by dotted key
+    config: dict = field(default_factory=dict)  # config.yaml's leaves, by dotted key (and VAL_SCOPE: assign_settings)
     settings: dict = field(default_factory=dict)  # the SETTING_KEYS leaves that vary among its depth's runs
     shown: dict = field(default_factory=dict)  # those of them its label names (see assign_settings)
     setting_names: dict = field(default_factory=dict)  # setting key -> its short name in labels (setting_names)
@@ -193,6 +196,8 @@ def assign_settings(runs: list[Run]) -> None:
     for run in runs:
         by_depth[run.base_depth].append(run)
     for group in by_depth.values():
+        for run in group:  # what its final val/bpb covers, beside its config's keys
+            run.config[VAL_SCOPE] = rd.describe_val_scope(run.val_scope) or "the whole split"
         keys = sorted({k for run in group for k in run.config if k.startswith(SETTING_KEYS)})
         by_optim = defaultdict(list)
         for run in group:
