@@ -2,7 +2,7 @@
 allows it), else a folder whose writes fail with ENOSPC past the same size, through the calls the training process
 makes (every file of a run is opened with open(), or os.fdopen, which calls it).
 
-    with small_disk(folder, mib=3) as disk:   # disk.run_args(...): train.py's command line on this disk
+    with small_disk(folder, mib=3) as disk:   # disk.command(...): train.py's command line on this disk
         ...
         disk.grow(mib=64)                     # space returns
 
@@ -95,10 +95,9 @@ class LimitedFile:
         return self._file.__exit__(*exc)
 
 
-def run_limited(folder: str, capacity: int, args: list[str]) -> None:
-    """Run train.py with args, every file opened for writing under folder limited to capacity bytes in all."""
-    import runpy
-
+@contextmanager
+def limited_writes(folder: Path, capacity: int):
+    """In this process, every file opened for writing under folder limited to capacity bytes in all."""
     real_open, root = io.open, Path(folder).resolve()
 
     def limited_open(file, mode="r", *rest, **kwargs):
@@ -107,6 +106,18 @@ def run_limited(folder: str, capacity: int, args: list[str]) -> None:
         writing = any(c in mode for c in "wax+")
         return LimitedFile(f, root, capacity) if writing and root in path.parents else f
 
-    builtins.open = io.open = limited_open
-    sys.argv = ["train.py", *args]
-    runpy.run_path("train.py", run_name="__main__")
+    saved = builtins.open, io.open
+    builtins.open = io.open = limited_open  # os.fdopen calls io.open
+    try:
+        yield
+    finally:
+        builtins.open, io.open = saved
+
+
+def run_limited(folder: str, capacity: int, args: list[str]) -> None:
+    """Run train.py with args, every file opened for writing under folder limited to capacity bytes in all."""
+    import runpy
+
+    with limited_writes(Path(folder), capacity):
+        sys.argv = ["train.py", *args]
+        runpy.run_path("train.py", run_name="__main__")

@@ -160,8 +160,30 @@ def test_every_preemption_signal_gets_the_same_handler_for_the_run_and_the_old_o
     trainer = SimpleNamespace(global_step=0, fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace()))
     callback.on_train_start(trainer, None)
     assert all(signal.getsignal(s) == callback._request for s in signums)
-    callback.hand_over()  # not stopped: only restores
+    callback.hand_over()  # not stopped: nothing to hand over
+    assert all(signal.getsignal(s) == callback._request for s in signums)
+    callback.teardown(trainer, None, "fit")  # however the run ended
     assert {s: signal.getsignal(s) for s in signums} == before
+
+
+def test_a_signal_to_a_sweep_in_one_process_stops_it_after_the_job_it_interrupts(tmp_path):
+    """Under Hydra's basic launcher the jobs run one after another in the signalled process: the job under way (the
+    second; the first finished and gave the handlers back) saves its checkpoint, then the process exits with status 0
+    instead of starting the third, which a time limit's SIGKILL would cut short."""
+    sweep = tmp_path / "sweep"
+    process = subprocess.Popen([sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep}", *SMALL, *STEPS,
+                                "seed=1,2,3"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = 0
+    for line in process.stdout:
+        seen += "step      2/9 | loss" in line
+        if seen == 2:  # the second job's update 2
+            process.send_signal(signal.SIGTERM)
+            break
+    output = process.stdout.read()
+    assert process.wait(timeout=300) == 0, output[-3000:]
+    assert [json.loads((sweep / job / "status.json").read_text())["status"] for job in ("0", "1")] == [
+        "completed", "interrupted"]
+    assert not (sweep / "2").exists()
 
 
 # SIGUSR1 and SIGUSR2 have the same handler (test above). With a periodic checkpoint at every step, the signal's

@@ -1,12 +1,14 @@
-"""xsa_exp.run_dir: the newest-checkpoint rule, the status and run.json writers, eval folders."""
+"""xsa_exp.run_dir: the newest-checkpoint rule, the status and run.json writers, metrics.csv, eval folders."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.small_disk import limited_writes, used
 from xsa_exp import run_dir as rd
 from xsa_exp.arm import Arm
+from xsa_exp.training.metrics_log import MetricsWriter
 
 
 def save(path, step):
@@ -62,6 +64,30 @@ def test_a_metrics_row_cut_short_by_a_full_disk_is_left_out(tmp_path):
     (tmp_path / rd.METRICS).write_text("step,train/loss\r\n1,5.0\r\n2,4.5\r\n1")
     assert rd.read_metric_rows(tmp_path, up_to_step=2) == [{"step": "1", "train/loss": "5.0"},
                                                            {"step": "2", "train/loss": "4.5"}]
+
+
+def test_metrics_csv_is_replaced_whole_so_a_failed_rewrite_keeps_every_row(tmp_path):
+    """A new column rewrites metrics.csv, and a resume cuts it to its checkpoint's step: a full disk (or a kill) in
+    either leaves the file as it was, where Lightning's writer deleted or truncated it first and lost the run's log."""
+    path = tmp_path / rd.METRICS
+    writer = MetricsWriter(path)
+    for step in range(3):
+        writer.log_metrics({"train/loss": torch.tensor(5.0 - step)}, step)
+    writer.save()
+    writer.log_metrics({"train/loss": 2.0}, 3)
+    writer.save()  # appended
+    before = path.read_bytes()
+    assert before == b"step,train/loss\r\n0,5.0\r\n1,4.0\r\n2,3.0\r\n3,2.0\r\n"  # Lightning's layout
+    writer.log_metrics({"val/bpb": 1.5}, 3)  # a new column
+    with pytest.raises(OSError, match="No space left"), limited_writes(tmp_path, used(tmp_path)):
+        writer.save()
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [rd.METRICS]
+    with pytest.raises(OSError, match="No space left"), limited_writes(tmp_path, used(tmp_path)):
+        rd.keep_metric_rows(tmp_path, step=1)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [rd.METRICS]
+    writer.save()  # space again: the held row, under its new header
+    rd.keep_metric_rows(tmp_path, step=1)
+    assert path.read_bytes() == b"step,train/loss,val/bpb\r\n0,5.0,\r\n1,4.0,\r\n"
 
 
 def test_eval_folders_never_reuse_one_and_are_read_oldest_first(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, SMALL
-from tests.small_disk import small_disk
+from tests.small_disk import limited_writes, small_disk, used
 from tests.test_resume import final_weights, rows
 from xsa_exp.training import metrics_log
 from xsa_exp.training.run import train
@@ -133,3 +133,18 @@ def test_only_failed_writes_of_a_named_file_are_one_line(tmp_path):
         raise OSError(errno.ENOSPC, "No space left on device")
     assert failure_line(full.value, tmp_path).endswith("; there is no complete checkpoint yet (a relaunch starts "
                                                        "from step 0); free space and relaunch with resume=auto")
+
+
+def test_a_full_disk_at_a_relaunch_says_free_space_and_resume_not_choose_another_directory(tmp_path):
+    """Taking the lock is a relaunch's first write: a full disk there is the file system's failure, whose fix is space
+    and resume=auto (the run there is kept), not another hydra.run.dir on the same disk."""
+    from xsa_exp.training.sole_writer import take_lock
+
+    checkpoint = tmp_path / "run" / "checkpoints" / "step000002.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"")
+    with pytest.raises(WriteFailed) as e, limited_writes(tmp_path, used(tmp_path)):
+        take_lock(tmp_path / "run")
+    assert str(e.value) == (f"no space left on {mount_point(tmp_path)} while writing {tmp_path / 'run' / 'run.lock'}; "
+                            f"the newest complete checkpoint is {checkpoint}; free space and relaunch with resume=auto")
+    assert not (tmp_path / "run" / "run.lock").exists()

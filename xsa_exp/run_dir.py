@@ -24,6 +24,7 @@ Importing this module is cheap (no torch); what loads checkpoints imports torch 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import pickle
@@ -191,6 +192,31 @@ def read_metric_rows(run_dir: Path, up_to_step: int | None = None) -> list[dict[
             if up_to_step is None or int(row["step"]) <= up_to_step]
 
 
+def metrics_header(path: Path) -> list[str]:
+    """metrics.csv's columns ([] without the file)."""
+    try:
+        with open(path, newline="") as f:
+            return next(csv.reader(f), [])
+    except FileNotFoundError:
+        return []
+
+
+def write_metric_rows(path: Path, header: list[str], rows: list[dict]) -> None:
+    """metrics.csv replaced whole, as Lightning's CSV writer lays it out: a kill or a full disk leaves the old file or
+    the new one."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=header)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, text.getvalue())
+
+
+def keep_metric_rows(run_dir: Path, step: int) -> None:
+    """Cut metrics.csv to its rows up to step (a resumed run logs the later ones again), columns kept."""
+    path = Path(run_dir) / METRICS
+    write_metric_rows(path, metrics_header(path), read_metric_rows(run_dir, up_to_step=step))
+
+
 def append_diagnostics(run_dir: Path, record: dict) -> None:
     with writing(Path(run_dir) / DIAGNOSTICS), open(Path(run_dir) / DIAGNOSTICS, "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -209,8 +235,7 @@ def truncate_diagnostics(run_dir: Path, step: int) -> None:
     path = Path(run_dir) / DIAGNOSTICS
     if path.is_file():
         kept = [line for line in path.read_text().splitlines() if diagnostics_step(line) <= step]
-        with writing(path):
-            path.write_text("".join(line + "\n" for line in kept))
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def read_diagnostics(run_dir: Path) -> list[dict]:

@@ -8,13 +8,18 @@ in between never wait for the device.
 
 from __future__ import annotations
 
+import csv
 import math
 import time
+from pathlib import Path
 
 import lightning as L
+import torch
+from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
+from xsa_exp import run_dir as rd
 from xsa_exp.cluster import peak_memory_gb, synchronized_time
 from xsa_exp.write_failures import writing
 
@@ -24,12 +29,49 @@ def log_row(trainer: L.Trainer, metrics: dict[str, float], step: int, tokens_per
         logger.log_metrics({**metrics, "tokens_seen": step * tokens_per_step}, step=step)
 
 
-class RunCSVLogger(CSVLogger):
-    """Lightning's CSVLogger, naming metrics.csv when a write of it fails (see write_failures.py)."""
+class MetricsWriter:
+    """metrics.csv laid out as Lightning's CSV writer does (a header of every key logged so far, sorted; a row per
+    logger call), without its two ways of losing rows: it never deletes the file it finds (a resumed run's, cut to
+    the checkpoint's step by run_dir.keep_metric_rows), and a header grown by a new key replaces the file whole, so
+    that a kill or a full disk at any moment leaves the old file or the new one. A failed write names the file
+    (write_failures.py)."""
+
+    def __init__(self, path: Path):
+        self.metrics_file_path = str(path)
+        self.metrics: list[dict] = []  # the rows logged since the last save
+        self.header: list[str] | None = None  # the file's, read at the first save
+
+    def log_metrics(self, metrics_dict: dict, step: int) -> None:
+        self.metrics.append({**{k: v.item() if isinstance(v, torch.Tensor) else v for k, v in metrics_dict.items()},
+                             "step": step})
 
     def save(self) -> None:
-        with writing(self.experiment.metrics_file_path):
-            super().save()
+        if not self.metrics:
+            return
+        path = Path(self.metrics_file_path)
+        with writing(path):
+            if self.header is None:
+                self.header = rd.metrics_header(path)
+            header = sorted(set(self.header).union(*self.metrics))
+            if header != self.header:
+                rd.write_metric_rows(path, header, [*rd.read_metric_rows(path.parent), *self.metrics]
+                                     if self.header else self.metrics)
+                self.header = header
+            else:
+                with open(path, "a", newline="") as f:
+                    csv.DictWriter(f, fieldnames=header).writerows(self.metrics)
+        self.metrics = []
+
+
+class RunCSVLogger(CSVLogger):
+    """Lightning's CSVLogger, writing metrics.csv through MetricsWriter."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> MetricsWriter:
+        if self._experiment is None:
+            self._experiment = MetricsWriter(Path(self.log_dir) / rd.METRICS)
+        return self._experiment
 
 
 class BiasCorrectedEMA:

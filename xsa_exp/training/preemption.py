@@ -78,10 +78,19 @@ class PreemptionCheckpoint(L.Callback):
             self.stopped_at = step
             trainer.should_stop = True
 
-    def hand_over(self) -> None:
-        """Restore the handlers from before the run; if a signal stopped it, call the one of that signal."""
+    def teardown(self, trainer, pl_module, stage) -> None:
+        """The handlers from before the run back, however it ended: a sweep's next job in this process (Hydra's basic
+        launcher) must find the launcher's, not this run's."""
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
-        handler = self.previous.get(self.received) if self.stopped_at is not None else None
-        if callable(handler):
-            handler(self.received, None)  # submitit's: requeue (on rank 0) and exit
+
+    def hand_over(self) -> None:
+        """If a signal stopped the run, call the handler of that signal from before the run (submitit's: requeue on
+        rank 0, and exit); where there was none, exit with status 0, so that a sweep in this process starts no next
+        job for the time limit to cut short."""
+        if self.stopped_at is None:
+            return
+        handler = self.previous.get(self.received)
+        if not callable(handler):
+            raise SystemExit(0)
+        handler(self.received, None)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
@@ -168,7 +168,7 @@ def train_as_writer(cfg: DictConfig, run_dir: Path, writer: RunDirWriter) -> Pat
     callbacks = build_callbacks(cfg, run_dir, model, writer)
     trainer = build_trainer(cfg, run, loggers, callbacks)
     if resume_from is not None:
-        restore_csv_rows(loggers[0], run_dir, resume_from)
+        restore_csv_rows(run_dir, resume_from)
     fit(trainer, module, datamodule, resume_from, run_dir)
     writer.agree(trainer)  # before the writes that end the run
     preemption = next(c for c in callbacks if isinstance(c, PreemptionCheckpoint))
@@ -256,9 +256,8 @@ def build_trainer(cfg: DictConfig, run: dict, loggers: list, callbacks: list) ->
         logger=loggers, callbacks=callbacks,
         limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=cfg.train.checkpoint_every > 0,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=run["run_dir"])
-    # The run directory is ours: CSVLogger's "not empty" warning is about our config files, ModelCheckpoint's about
-    # the checkpoints a resumed run continues from.
-    warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+    # The run directory is ours: ModelCheckpoint's "not empty" warning is about the checkpoints a resumed run continues
+    # from.
     warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
     # torch 2.13 renames broadcast_buffers forward_sync_buffers; torch 2.11 (the GPU image's) has only the old name.
     warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated")
@@ -338,14 +337,11 @@ def check_same_config(run_dir: Path, cfg: DictConfig) -> None:
 
 
 @rank_zero_only
-def restore_csv_rows(csv_logger: CSVLogger, run_dir: Path, checkpoint: Path) -> None:
+def restore_csv_rows(run_dir: Path, checkpoint: Path) -> None:
     """Keep the rows (and diagnostics lines) up to the checkpoint's step, so the logs have no duplicated
-    or missing steps after resume."""
+    or missing steps after resume; each file is replaced whole, so a kill meanwhile loses nothing."""
     step = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)["global_step"]
-    rows = rd.read_metric_rows(run_dir, up_to_step=step)
-    writer = csv_logger.experiment  # creating the writer removes the old file (Lightning's rule) ...
-    writer.metrics = rows           # ... so the kept rows are written back first
-    writer.save()
+    rd.keep_metric_rows(run_dir, step)
     rd.truncate_diagnostics(run_dir, step)
 
 

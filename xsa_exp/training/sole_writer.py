@@ -10,6 +10,7 @@ that can still be written.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from pathlib import Path
 
@@ -19,17 +20,23 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from xsa_exp import run_dir as rd
 from xsa_exp.errors import ConfigError
-from xsa_exp.run_lock import TOKEN_VARIABLE, LockLost, RunLock, acquire, await_rank_zero
+from xsa_exp.run_lock import LOCK, TOKEN_VARIABLE, LockLost, RunLock, acquire, await_rank_zero
 from xsa_exp.training.metrics_log import HostSync
-from xsa_exp.write_failures import WriteFailed, failure_line, write_failure
+from xsa_exp.write_failures import WriteFailed, failure_line, write_failure, writing
+
+# Failures of the file system, not of the directory chosen: a relaunch into the same directory is the fix.
+FILE_SYSTEM_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.ESTALE, errno.EIO)
 
 
 def take_lock(run_dir: Path) -> RunLock:
     """Rank 0's lock; creating it is the first write, so it is also the check that the directory is writable."""
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return acquire(run_dir, announce=rank_zero_info)
+        with writing(run_dir / LOCK):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            return acquire(run_dir, announce=rank_zero_info)
     except OSError as e:
+        if e.errno in FILE_SYSTEM_FAILURES:  # a full disk at a relaunch: the run there is kept, and resumes
+            raise WriteFailed(failure_line(e, run_dir)) from None
         raise ConfigError(f"run directory {run_dir} is not writable ({e.strerror or e}); "
                           "choose another hydra.run.dir") from None
 
