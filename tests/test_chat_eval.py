@@ -20,7 +20,7 @@ from xsa_exp.eval.chat import (
     evaluate_chat,
     final_number,
     run_humaneval,
-    same_number,
+    same_answer,
 )
 from xsa_exp.generate import CalculatorTool, calculate, generate
 from xsa_exp.model import GPTConfig
@@ -52,12 +52,14 @@ class ScriptedModel(torch.nn.Module):
 
 
 def test_final_number_is_the_marked_answer():
-    assert final_number("so 3 + 4 = 7 apples\n#### 1,234.") == "1234"
+    assert final_number("so 3 + 4 = 7 apples\n#### 1,234") == "1234"
+    assert final_number("#### 1,234.") == "1234."  # the marked text, as nanochat reads it
     assert final_number("#### -5 and later #### 7") == "-5"
     assert final_number("first 3, then 12 and finally 18") is None  # unmarked numbers never count
     assert final_number("no digits at all") is None
-    assert same_number("18.0", "18") and same_number("1234", "1,234") and not same_number("17", "18")
-    assert not same_number(None, "18")
+    assert same_answer("1234", "1,234") and not same_answer("17", "18")
+    assert not same_answer("18.0", "18") and not same_answer("18.", "18")  # nanochat compares the text
+    assert not same_answer(None, "18")
 
 
 def test_categorical_picks_the_best_valid_letter(tokenizer):

@@ -200,13 +200,15 @@ class DataConfig:
 @dataclass
 class SampleDataConfig(DataConfig):
     name: str = key("sample", "the embedded corpus (KJV)", choices=("sample",))
-    tokenizer_chars: Optional[int] = key(None, "characters the tokenizer learns from; null = all (4.3M)", ge=1)
+    tokenizer_chars: Optional[int] = key(None, "characters the tokenizer learns from; null = its whole training "
+                                              "split (3.9M)", ge=1)
 
 
 @dataclass
 class WikiDataConfig(DataConfig):
     name: str = key("wiki", "the embedded corpus (Wikipedia vital articles' leads)", choices=("wiki",))
-    tokenizer_chars: Optional[int] = key(None, "characters the tokenizer learns from; null = all (4.8M)", ge=1)
+    tokenizer_chars: Optional[int] = key(None, "characters the tokenizer learns from; null = its whole training "
+                                              "split (4.8M)", ge=1)
 
 
 @dataclass

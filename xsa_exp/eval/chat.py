@@ -4,8 +4,8 @@
   data teaches (data/sft.py), then <|assistant_start|>; the prediction is the answer letter whose token
   has the highest logit at that position, among the example's letters.
 - GSM8K (generative): greedy answer up to <|assistant_end|> (prompts batched, left-padded; see
-  generate.py); the number the answer marks with "#### " (the format the SFT data teaches; nanochat's
-  rule) must equal the reference.
+  generate.py); the number the answer marks with "#### " (the format the SFT data teaches), commas removed,
+  must read as the reference does (nanochat's rule: "18.0" is not "18").
 - HumanEval (generative): the code of the answer (its first ```python block, else all of it) with the
   prompt's imports, the task's tests and check(entry_point) runs in the sandbox (sandbox.py), in the
   strongest isolation mode the machine allows (recorded as ``sandbox``); it passes when the tests do. An
@@ -176,19 +176,16 @@ def answer_texts(model, tokenizer: Tokenizer, user_texts: list[str], max_new_tok
 
 
 def final_number(text: str) -> str | None:
-    """The number GSM8K's format marks as the answer ("#### 1,234" -> "1234"), as nanochat extracts it:
-    the first marked one; None without a mark, so a reply full of numbers earns nothing by chance."""
+    """The number GSM8K's format marks as the answer, commas removed ("#### 1,234" -> "1234"), as nanochat's
+    tasks/gsm8k.py extracts it (grade-school-math's rule): the first marked one; None without a mark, so a reply
+    full of numbers earns nothing by chance."""
     match = FINAL_ANSWER.search(text)
-    return None if match is None else match.group(1).replace(",", "").rstrip(".")
+    return None if match is None else match.group(1).replace(",", "")
 
 
-def same_number(predicted: str | None, reference: str) -> bool:
-    if predicted is None:
-        return False
-    try:
-        return float(predicted) == float(reference.replace(",", ""))
-    except ValueError:
-        return False
+def same_answer(predicted: str | None, reference: str) -> bool:
+    """nanochat's comparison: the text of the two numbers, so "18.0" or "18." is not "18"."""
+    return predicted is not None and predicted == reference.replace(",", "")
 
 
 def humaneval_program(example: dict, reply: str, marker: str) -> str:
@@ -278,7 +275,7 @@ def task_records(task: str, batch: list[tuple[int, dict]], model, tokenizer: Tok
         if task == "gsm8k":
             predicted = final_number(reply)
             records.append({"prediction": predicted, "answer": example["answer"],
-                            "correct": same_number(predicted, example["answer"]), "index": index, "reply": reply})
+                            "correct": same_answer(predicted, example["answer"]), "index": index, "reply": reply})
         else:
             outcome = run_humaneval(example, reply, timeout_s, memory_mb, sandbox)
             records.append({"prediction": outcome.status, "answer": "passed", "correct": outcome.passed,
