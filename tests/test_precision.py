@@ -73,6 +73,19 @@ def test_bf16_compute_stores_the_embeddings_in_bf16_and_keeps_fp32_master_matric
     assert all(p.grad.dtype == p.dtype for p in model.parameters())  # fp32 gradients for the fp32 masters
 
 
+def test_bf16_compute_with_tied_embeddings_keeps_the_shared_matrix_an_fp32_master():
+    """wte is lm_head too: it stays fp32 (and its gradient), and the residual stream still computes in bf16."""
+    model = model_of(True, tie_embeddings=True)
+    prepare(model, "bf16-compute")
+    assert model.lm_head.weight is model.wte.weight and model.wte.weight.dtype == torch.float32
+    assert {name for name, p in model.named_parameters() if p.dtype == torch.bfloat16} == {"value_embeds.1.weight"}
+    seen = []
+    model.blocks[0].register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    idx = torch.randint(0, 512, (2, 257))
+    model(idx[:, :-1], idx[:, 1:]).backward()
+    assert seen == [torch.bfloat16] and model.wte.weight.grad.dtype == torch.float32
+
+
 def test_bf16_compute_is_fp32_to_bf16_rounding():
     idx = torch.randint(0, 512, (2, 256))
     fp32 = model_of(True, zero_init_proj=False).eval()

@@ -340,6 +340,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.embedding_dtype: torch.dtype | None = None  # what the token embedding's lookups compute in (compute_in)
         self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
         self.lm_head = CastedLinear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -403,7 +404,10 @@ class GPT(nn.Module):
         if end > self.config.sequence_len:
             raise ValueError(f"input of {end} tokens exceeds model.sequence_len={self.config.sequence_len}")
         cos_sin = (self.rope_cos[:, :, start:end], self.rope_sin[:, :, start:end]) if self.config.rope else None
-        x = norm(self.wte(idx))
+        x = self.wte(idx)
+        if self.embedding_dtype is not None:  # bf16-compute with a tied (fp32) wte: the stream starts in bf16 still
+            x = x.to(self.embedding_dtype)
+        x = norm(x)
         if self.smear_gate is not None:
             x = self.smear(x, start, kv_cache)
         x0 = x
@@ -438,8 +442,11 @@ class GPT(nn.Module):
         embeddings are stored in dtype, so the residual stream and every activation computed from it are dtype, while
         the matrices keep fp32 master weights and optimizer state, cast to dtype in each matmul (CastedLinear), and
         the scalars stay fp32 (a 0-dim scalar times a bf16 tensor is bf16). The logits are cast to fp32 for the
-        soft-cap and the loss."""
-        self.wte.to(dtype)
+        soft-cap and the loss. A tied token embedding is lm_head's matrix too, whose fp32 master weight stays: it is
+        kept fp32 and its lookups are cast to dtype."""
+        self.embedding_dtype = dtype
+        if not self.config.tie_embeddings:
+            self.wte.to(dtype)
         for embedding in self.value_embeds.values():
             embedding.to(dtype)
 
