@@ -37,10 +37,10 @@ def run_configs(entry: str, base: DictConfig, multirun: bool) -> list[DictConfig
         return sweep_configs(base, entry)
 
 
-def check_runs(entry: str, runs: list[DictConfig], multirun: bool) -> None:
-    """The preflight callback's checks of a command's runs."""
+def check_runs(entry: str, base: DictConfig, runs: list[DictConfig], multirun: bool) -> None:
+    """The preflight callback's checks of a command's runs (base: its base config)."""
     if multirun:
-        check_sweep(entry, runs)
+        check_sweep(entry, runs, base)
     else:
         check_run(entry, runs[0])
 
@@ -48,5 +48,5 @@ def check_runs(entry: str, runs: list[DictConfig], multirun: bool) -> None:
 def preflight(entry: str, argv: list[str]) -> list[DictConfig]:
     base, multirun = compose_base(entry, argv)
     runs = run_configs(entry, base, multirun)
-    check_runs(entry, runs, multirun)
+    check_runs(entry, base, runs, multirun)
     return runs

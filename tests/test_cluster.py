@@ -18,6 +18,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from tests.conftest import REPO
 from tests.test_resume import final_weights, rows
 from xsa_exp.cluster import available_cpus, cluster_plugins, rank_cpus
+from xsa_exp.errors import ConfigError
 from xsa_exp.run_dir import read_status
 
 # Two DDP ranks of the tiny preset at one thread each train an update in 0.5-2.5 s (by the machine and its load), so
@@ -136,7 +137,8 @@ def test_available_cpus_follow_the_affinity():
     (["resume=auto", "trainer=gpu", "trainer.devices=2", "train.device_batch_size=4",
       "hydra.launcher.tasks_per_node=2"],
      "config error: hydra/launcher=submitit_local shows each job hydra.launcher.gpus_per_node=None GPUs, and "
-     "trainer.devices=2 GPUs are needed; add hydra.launcher.gpus_per_node=2")])
+     "trainer.devices=2 GPUs are needed (trainer.accelerator=gpu); add hydra.launcher.gpus_per_node=2, or "
+     "trainer.accelerator=cpu to train on the CPU")])
 def test_a_submitit_sweep_is_checked_before_anything_is_submitted(tmp_path, overrides, message):
     sweep = tmp_path / "sweep"
     result = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=submitit_local", *overrides,
@@ -150,6 +152,36 @@ def test_a_one_task_cpu_job_under_submitit_local_needs_no_device_count(tmp_path)
 
     preflight("train", ["-m", "hydra/launcher=submitit_local", "trainer=ddp", "trainer.accelerator=cpu", "resume=auto",
                         f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+
+
+def test_submitit_local_with_accelerator_auto_on_a_gpu_machine_needs_its_gpus_shown(tmp_path, monkeypatch):
+    """Without gpus_per_node submitit hides the GPUs (CUDA_VISIBLE_DEVICES=""), and auto would train on the CPU."""
+    from tests.hydra_app import preflight
+    from xsa_exp.config import preflight as checks
+
+    args = ["-m", "hydra/launcher=submitit_local", "resume=auto", "trainer.devices=2",
+            "hydra.launcher.tasks_per_node=2", "train.device_batch_size=4", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    monkeypatch.setattr(checks, "cuda_here", lambda: True)
+    with pytest.raises(ConfigError, match=r"trainer.devices=2 GPUs are needed \(trainer.accelerator=auto\); add "
+                                          r"hydra.launcher.gpus_per_node=2, or trainer.accelerator=cpu"):
+        preflight("train", args)
+    preflight("train", [*args, "hydra.launcher.gpus_per_node=2"])
+    monkeypatch.setattr(checks, "cuda_here", lambda: False)
+    preflight("train", args)  # no GPU here: auto is the CPU, as intended
+
+
+def test_a_submitit_sweep_over_device_counts_is_refused_as_one_array_has_one_set_of_resources(tmp_path):
+    """submitit submits the array with the base config's resources: jobs needing one node and two cannot share it."""
+    from tests.hydra_app import preflight
+
+    args = ["-m", "hydra/launcher=slurm", "trainer=gpu", "resume=auto", "train.device_batch_size=1",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    with pytest.raises(ConfigError, match=r"^hydra/launcher=slurm submits a sweep as one job array with one set of "
+                                          r"resources, hydra.launcher.nodes=1 from the command line's fixed values, "
+                                          r"but job 1 \(.*trainer.num_nodes=2.*\) needs hydra.launcher.nodes=2; "
+                                          r"sweep trainer.devices and trainer.num_nodes in separate sweeps"):
+        preflight("train", [*args, "trainer.devices=2", "trainer.num_nodes=1,2"])
+    assert len(preflight("train", [*args, "trainer.devices=2", "trainer.num_nodes=2", "seed=1,2"])) == 2
 
 
 def test_a_slurm_sweep_without_a_device_count_is_refused_before_submission(tmp_path):

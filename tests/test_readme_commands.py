@@ -120,7 +120,7 @@ def test_readme_command_passes_the_preflight(entry, args, stand_ins, tmp_path, m
     if BUNDLE.is_dir():  # CORE needs it: the d12/d24 presets' training, evaluate.py's default metrics
         monkeypatch.setenv("XSA_EXP_EVAL_BUNDLE", str(BUNDLE))
     try:
-        check_runs(entry, runs, multirun)
+        check_runs(entry, base, runs, multirun)
     except BundleError:
         if BUNDLE.is_dir():
             raise

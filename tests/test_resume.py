@@ -181,6 +181,7 @@ def test_a_signal_to_a_sweep_in_one_process_stops_it_after_the_job_it_interrupts
             break
     output = process.stdout.read()
     assert process.wait(timeout=300) == 0, output[-3000:]
+    assert f"then stopping; continue with resume=auto hydra.sweep.dir={sweep}\n" in output  # what a relaunch needs
     assert [json.loads((sweep / job / "status.json").read_text())["status"] for job in ("0", "1")] == [
         "completed", "interrupted"]
     assert not (sweep / "2").exists()
@@ -200,7 +201,7 @@ def test_preemption_signal_saves_at_the_next_update_and_exits_cleanly(tmp_path, 
         if "step      2/9 | loss" in line:
             process.send_signal(signum)
             break
-    process.stdout.read()
+    assert f"then stopping; continue with resume=auto hydra.run.dir={run_dir}\n" in process.stdout.read()
     assert process.wait(timeout=300) == 0
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "interrupted" and 2 <= status["step"] < 9

@@ -48,7 +48,7 @@ class Preflight(Callback):
 
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **kwargs) -> None:
         with stop_on_error():
-            check_sweep(self.entry, sweep_configs(config, config_name or self.entry))
+            check_sweep(self.entry, sweep_configs(config, config_name or self.entry), config)
 
 
 @contextmanager
@@ -99,7 +99,8 @@ def compose_job(config_name: str, overrides: list[str], compose: Callable = hydr
         raise ConfigError(composition_error(e, overrides, lambda args: compose(config_name, args))) from None
 
 
-def check_sweep(entry: str, runs: list[DictConfig]) -> None:
+def check_sweep(entry: str, runs: list[DictConfig], base: DictConfig) -> None:
+    """A sweep's jobs (runs), composed from its base config (base: the command line without its swept values)."""
     if entry == "train":
         # Lightning's DDP re-launches the script once per device, which a local Hydra sweep cannot host.
         in_process = ("BasicLauncher", "JoblibLauncher")  # jobs run in this process or a joblib worker
@@ -111,6 +112,7 @@ def check_sweep(entry: str, runs: list[DictConfig]) -> None:
                               "cluster with hydra/launcher=slurm")
         for cfg in runs:
             check_submitit_job(cfg)
+        check_one_array(base, runs)
         check_sweep_directory(runs)
     for cfg in runs:
         check_run(entry, cfg)
@@ -234,6 +236,27 @@ def check_sweep_directory(runs: list[DictConfig]) -> None:
                               "resume=auto to continue them")
 
 
+def check_one_array(base: DictConfig, runs: list[DictConfig]) -> None:
+    """hydra-submitit-launcher submits a sweep as one job array, with the resources of the sweep's base config: a job
+    whose own config needs others (a swept trainer.devices or trainer.num_nodes) would start with the base's."""
+    if "hydra_submitit_launcher" not in base.hydra.launcher._target_:
+        return
+    # The launcher's keys that take a job's value (tasks_per_node: ${trainer.devices}); Hydra's own cannot be swept.
+    raw = OmegaConf.to_container(base.hydra.launcher, resolve=False)
+    keys = [k for k, v in raw.items() if isinstance(v, str) and re.search(r"\$\{(?!hydra\.)[\w.]+\}", v)]
+    given = {k: base.hydra.launcher[k] for k in keys}
+    for num, cfg in enumerate(runs):
+        needed = {k: cfg.hydra.launcher[k] for k in keys}
+        key = next((k for k in keys if needed[k] != given[k]), None)
+        if key is not None:
+            launcher = cfg.hydra.runtime.choices["hydra/launcher"]
+            raise ConfigError(f"hydra/launcher={launcher} submits a sweep as one job array with one set of resources, "
+                              f"hydra.launcher.{key}={fmt(given[key])} from the command line's fixed values, but "
+                              f"job {num} ({' '.join(as_written(cfg.hydra.overrides.task))}) needs "
+                              f"hydra.launcher.{key}={fmt(needed[key])}; sweep trainer.devices and trainer.num_nodes "
+                              "in separate sweeps, one per value")
+
+
 def check_submitit_job(cfg: DictConfig) -> None:
     """Under hydra-submitit-launcher a requeued job must continue its run, and the launcher starts the ranks
     (one task per device): Lightning must not start more."""
@@ -256,12 +279,21 @@ def check_submitit_job(cfg: DictConfig) -> None:
                           f"{launcher.tasks_per_node} x hydra.launcher.nodes={launcher.nodes} tasks; submitit starts "
                           f"one process per device, so set hydra.launcher.tasks_per_node={per_node} and "
                           f"hydra.launcher.nodes={cfg.trainer.num_nodes} (hydra/launcher=slurm sets both)")
-    # submitit's local executor shows a job only gpus_per_node GPUs (none when unset: CUDA_VISIBLE_DEVICES="").
-    if launcher._target_.endswith("LocalLauncher") and cfg.trainer.accelerator in ("gpu", "cuda") \
-            and (launcher.gpus_per_node or 0) < per_node:
+    # submitit's local executor shows a job only gpus_per_node GPUs (none when unset: CUDA_VISIBLE_DEVICES=""), where
+    # trainer.accelerator=auto would then train on the CPU.
+    if launcher._target_.endswith("LocalLauncher") and (launcher.gpus_per_node or 0) < per_node \
+            and (cfg.trainer.accelerator in ("gpu", "cuda") or cfg.trainer.accelerator == "auto" and cuda_here()):
         raise ConfigError(f"hydra/launcher=submitit_local shows each job hydra.launcher.gpus_per_node="
-                          f"{launcher.gpus_per_node} GPUs, and trainer.devices={per_node} GPUs are needed; add "
-                          f"hydra.launcher.gpus_per_node={per_node}")
+                          f"{launcher.gpus_per_node} GPUs, and trainer.devices={per_node} GPUs are needed "
+                          f"(trainer.accelerator={cfg.trainer.accelerator}); add hydra.launcher.gpus_per_node="
+                          f"{per_node}, or trainer.accelerator=cpu to train on the CPU")
+
+
+def cuda_here() -> bool:
+    """Whether this machine has a CUDA GPU (torch, imported only for the question)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _devices_known(cfg: DictConfig) -> bool:

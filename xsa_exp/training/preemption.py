@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
@@ -19,6 +20,18 @@ def preemption_signals() -> tuple[signal.Signals, ...]:
     submitit sends before a time limit or preemption (SIGUSR2, or what SUBMITIT_PREEMPT_SIGNAL names)."""
     submitit_signal = signal.Signals["SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")]
     return tuple(dict.fromkeys((signal.SIGTERM, signal.SIGUSR1, submitit_signal)))
+
+
+def continue_with(run_dir) -> str:
+    """What a relaunch adds to continue a run: resume=auto and its directory, since Hydra's default one is new at
+    each launch (for a sweep's job, the sweep's directory, which holds its other jobs too)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        depth = len(Path(str(HydraConfig.get().sweep.subdir)).parts)
+        return f"resume=auto hydra.sweep.dir={Path(run_dir).parents[depth - 1]}"
+    return f"resume=auto hydra.run.dir={run_dir}"
 
 
 class PreemptionCheckpoint(L.Callback):
@@ -74,7 +87,7 @@ class PreemptionCheckpoint(L.Callback):
                 trainer.save_checkpoint(path)
                 remove_untracked_step_checkpoints(trainer, self.run_dir, keep=path)
             rank_zero_info(f"{self.received.name} received: checkpoint {path}, then stopping; "
-                           "continue with resume=auto")
+                           f"continue with {continue_with(self.run_dir)}")
             self.stopped_at = step
             trainer.should_stop = True
 
