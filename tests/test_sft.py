@@ -160,6 +160,17 @@ def test_sft_starts_from_the_base_runs_final_weights(base_run):
     assert load_base_run(compose_config(*SMALL), model) is None
 
 
+def test_an_unreadable_final_checkpoint_of_the_base_run_is_refused_not_replaced_by_an_earlier_one(tmp_path):
+    base = train(compose_config(*SMALL, "train.max_steps=3", "train.checkpoint_every=2", "eval.every=0",
+                                "eval.diag_every=0"), tmp_path / "base")
+    final = base / "checkpoints" / "final.ckpt"
+    final.write_bytes(final.read_bytes()[:5000])  # cut short; step000002.ckpt still loads
+    cfg = sft_cfg(base)
+    model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
+    with pytest.raises(ConfigError, match=rf"init_from: checkpoint {final} is truncated, corrupt or unreadable"):
+        load_base_run(cfg, model)
+
+
 
 def test_rows_without_a_trained_target_are_left_out(tokenizer):
     """A prompt longer than a row fills rows with masked tokens only: a micro-batch of them would have a loss of 0/0."""

@@ -289,11 +289,12 @@ def fit(trainer: L.Trainer, module: LanguageModel, datamodule: TextDataModule, r
 
 
 def load_base_run(cfg: DictConfig, model: GPT) -> LoadedRun | None:
-    """stage=sft: put the base run's final weights into model (config.check_stage has matched the settings)."""
+    """stage=sft: put the base run's final weights into model (config.check_stage has matched the settings): its
+    final.ckpt itself, never an earlier checkpoint in its place where that one does not load."""
     if cfg.stage_name != "sft":
         return None
     try:
-        base = load_trained(cfg.init_from)
+        base = load_trained(rd.final_checkpoint(Path(cfg.init_from).expanduser().resolve()))
     except RunError as e:
         raise ConfigError(f"init_from: {e}") from None
     model.load_state_dict(base.model.state_dict())
