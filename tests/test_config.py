@@ -105,6 +105,7 @@ def run_train(*args, tmp_path):
      "'~optim.adamw.role_betas.unembedding' '~optim.adamw.role_betas.embedding'"),
     (["-m", "stack=nanochat_2604", "seed=1,2", "optim.adamw.role_weight_decay={}"],
      "config error: optim.adamw.role_weight_decay={} removes nothing"),
+    (["model.n_layer=${oops}"], "config error: model.n_layer: Interpolation key 'oops' not found"),
 ])
 def test_bad_config_exits_before_creating_a_run_directory(args, message, tmp_path):
     result, run_dir = run_train(*args, tmp_path=tmp_path)
@@ -112,6 +113,25 @@ def test_bad_config_exits_before_creating_a_run_directory(args, message, tmp_pat
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), result.stderr
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("hydra.run.dir=",
+     "hydra.run.dir is empty, and Hydra would run in the current folder; give it a folder of its own"),
+    ("hydra.run.dir={file}/run",
+     "hydra.run.dir={file}/run: {file} is a file, not a folder; choose another hydra.run.dir"),
+    ("hydra.sweep.dir={file}",
+     "hydra.sweep.dir={file}: {file} is a file, not a folder; choose another hydra.sweep.dir"),
+])
+def test_a_folder_hydra_cannot_make_or_should_not_use_is_one_line(arg, message, tmp_path):
+    """Hydra makes the run's folder before the job starts (and an empty one is the current folder)."""
+    file = tmp_path / "a-file"
+    file.write_text("")
+    sweep = ["-m", "seed=1,2"] if arg.startswith("hydra.sweep") else []
+    result = subprocess.run([sys.executable, "train.py", *sweep, arg.format(file=file)], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"config error: {message.format(file=file)}"]
 
 
 def test_slurm_launcher_composes_with_one_task_per_gpu():

@@ -216,6 +216,18 @@ def test_preemption_signal_saves_at_the_next_update_and_exits_cleanly(tmp_path, 
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
+def test_a_folder_holding_checkpoints_but_no_config_is_refused_not_overwritten(tmp_path, small_cfg):
+    """Not this project's partial start (config.yaml comes before any checkpoint): nothing to resume or check."""
+    checkpoint = tmp_path / "run" / "checkpoints" / "final.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"someone's weights")
+    for resume in ("never", "auto"):
+        with pytest.raises(ConfigError, match=r"holds checkpoints \(final.ckpt\) but no config.yaml.*nothing was "
+                                              r"overwritten — choose a new hydra.run.dir"):
+            train(small_cfg(f"resume={resume}"), tmp_path / "run")
+    assert checkpoint.read_bytes() == b"someone's weights"
+
+
 def test_unwritable_run_directory_is_one_clear_error(tmp_path, small_cfg):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

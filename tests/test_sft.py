@@ -127,6 +127,14 @@ def test_a_malformed_line_of_chat_data_is_named_as_an_editor_numbers_it(tmp_path
                             "or leave it out of data.train_sources.smoltalk.data_files")
 
 
+def unreadable_run(run_dir, config_text):
+    """A finished run's files, its config.yaml replaced by config_text."""
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "final.ckpt").touch()
+    (run_dir / "config.yaml").write_text(config_text)
+    return run_dir
+
+
 def test_stage_checks(base_run, tmp_path):
     validate(sft_cfg(base_run))  # the base run's own settings pass
     cases = [
@@ -134,6 +142,9 @@ def test_stage_checks(base_run, tmp_path):
         (compose_config(*SMALL, f"init_from={base_run}"), "init_from=.* is for the SFT stage; add stage=sft"),
         (compose_config(*SMALL, "data=sft"), "data=sft is the SFT stage's data; use stage=sft"),
         (sft_cfg(tmp_path), "is not a finished run .*config.yaml and checkpoints/final.ckpt"),
+        (sft_cfg(unreadable_run(tmp_path / "garbled", "model: [")),
+         r"its config.yaml is not a run's \(ParserError: .*\); point it at a completed base run directory"),
+        (sft_cfg(unreadable_run(tmp_path / "empty", "")), r"its config.yaml is not a run's \(it lacks model, xsa"),
         (sft_cfg(base_run, "xsa.alpha=0.5"),
          r"other model/XSA settings \(xsa.alpha differ\); pass the base run's: xsa.alpha=1.0"),
         (sft_cfg(base_run, "model.n_layer=3"), r"model.n_layer differ\); pass the base run's: model.n_layer=2"),

@@ -11,6 +11,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from xsa_exp import run_dir as rd
@@ -152,7 +153,8 @@ def check_embedded_vocab(data_name: str, vocab_size: int) -> None:
 def validate_evaluate(cfg: DictConfig) -> None:
     """evaluate.py's config: the schema's bounds and choices, and the values a type cannot say."""
     check_schema(cfg)
-    if not Path(cfg.run).expanduser().exists():  # found now, not after the seconds that loading Lightning takes
+    # Found now, not after the seconds that loading Lightning takes; an empty run= would be the current folder.
+    if not str(cfg.run).strip() or not Path(cfg.run).expanduser().exists():
         raise ConfigError(f"run={cfg.run}: no such run directory or checkpoint; pass a run's directory or one of its "
                           "checkpoints/*.ckpt")
     metrics, known = list(cfg.eval.metrics), schema.EVAL_METRICS
@@ -181,7 +183,15 @@ def check_stage(cfg: DictConfig) -> None:
     if not rd.is_finished(base):
         raise ConfigError(f"init_from={cfg.init_from} is not a finished run (needs config.yaml and "
                           "checkpoints/final.ckpt); point it at a completed base run directory")
-    base_cfg = OmegaConf.load(base / rd.CONFIG)
+    try:
+        base_cfg = OmegaConf.load(base / rd.CONFIG)
+        problem = None if isinstance(base_cfg, DictConfig) and {"model", "xsa", "depth_name"} <= set(base_cfg) \
+            else "it lacks model, xsa or depth_name"
+    except (OSError, yaml.YAMLError) as e:
+        problem = f"{type(e).__name__}: {' '.join(str(e).split())[:120]}"
+    if problem:
+        raise ConfigError(f"init_from={cfg.init_from}: its config.yaml is not a run's ({problem}); point it at a "
+                          "completed base run directory")
     differ = [f"{section}.{key}" for section in ("model", "xsa")
               for key in sorted(set(cfg[section]) | set(base_cfg[section]))
               if cfg[section].get(key) != base_cfg[section].get(key)]

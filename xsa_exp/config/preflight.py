@@ -25,7 +25,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, MissingConfigException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    InterpolationResolutionError,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from xsa_exp import run_dir as rd
 from xsa_exp.config.arithmetic import world_size
@@ -45,10 +51,12 @@ class Preflight(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         with stop_on_error():
             check_run(self.entry, config)
+            check_output_folder(config, "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **kwargs) -> None:
         with stop_on_error():
             check_sweep(self.entry, sweep_configs(config, config_name or self.entry), config)
+            check_output_folder(config, "hydra.sweep.dir")
 
 
 @contextmanager
@@ -60,6 +68,8 @@ def stop_on_error() -> Iterator[None]:
             yield
         except UserError:
             raise
+        except InterpolationResolutionError as e:  # a ${...} in an override that names nothing
+            raise ConfigError(f"{e.full_key or 'an interpolation'}: {first_line(e)}") from None
         except Exception:
             traceback.print_exc()
             sys.exit(1)
@@ -74,6 +84,21 @@ def check_run(entry: str, cfg: DictConfig) -> None:
         HydraConfig.instance().set_config(copy.deepcopy(cfg))  # set_config makes the node it keeps read-only
     check_empty_dict_overrides(as_written(cfg.hydra.overrides.task), cfg)
     (validate if entry == "train" else validate_evaluate)(cfg)
+
+
+def check_output_folder(cfg: DictConfig, key: str) -> None:
+    """The run's (or sweep's) folder, which Hydra makes before the job starts: not empty (Hydra would work in the
+    current folder), and under no file."""
+    try:
+        value = str(OmegaConf.select(cfg, key))
+    except OmegaConfBaseException:
+        return  # resolved only inside the job (Hydra's runtime resolvers); the job checks its own
+    if not value.strip():
+        raise ConfigError(f"{key} is empty, and Hydra would run in the current folder; give it a folder of its own")
+    path = Path(value).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{key}={value}: {existing} is a file, not a folder; choose another {key}")
 
 
 def sweep_configs(cfg: DictConfig, config_name: str, compose: Callable = hydra.compose) -> list[DictConfig]:

@@ -200,7 +200,14 @@ def previous_attempt(cfg: DictConfig, run_dir: Path) -> tuple[bool, str | None]:
     A run already there is an error unless resume=auto, and then its config must be this one."""
     # Under DDP every rank runs this with the same run_dir; only rank 0 creates the run, so only it
     # may find someone else's run there (the others may already see the config rank 0 just wrote).
-    if not (run_dir / rd.CONFIG).exists() or (cfg.resume != "auto" and rank_zero_only.rank != 0):
+    if cfg.resume != "auto" and rank_zero_only.rank != 0:
+        return False, None
+    if not (run_dir / rd.CONFIG).exists():
+        found = sorted(p.name for p in rd.checkpoints_dir(run_dir).glob("*.ckpt")) if rank_zero_only.rank == 0 else []
+        if found:  # not this project's partial start, which writes config.yaml before any checkpoint
+            raise ConfigError(f"run directory {run_dir} holds checkpoints ({', '.join(found)}) but no config.yaml, so "
+                              "they can be neither resumed nor checked against this run; nothing was overwritten — "
+                              "choose a new hydra.run.dir")
         return False, None
     if cfg.resume != "auto":
         raise ConfigError(f"run directory {run_dir} already holds a run; nothing was overwritten — choose a new "
