@@ -115,6 +115,23 @@ def test_bad_config_exits_before_creating_a_run_directory(args, message, tmp_pat
     assert not run_dir.exists()
 
 
+def test_a_gpu_run_on_a_machine_without_one_is_one_line(tmp_path, monkeypatch):
+    """Where it would start: here, not on the SLURM nodes a submitted sweep runs on."""
+    from tests.hydra_app import preflight
+    from xsa_exp.config import checks
+    from xsa_exp.config import preflight as preflight_module
+
+    for module in (checks, preflight_module):
+        monkeypatch.setattr(module, "cuda_here", lambda: False)
+    with pytest.raises(ConfigError, match=r"^trainer.accelerator=gpu, but torch sees no CUDA GPU on this machine \(a "
+                                          r"CPU build of torch, or no GPU visible\); use trainer=cpu here"):
+        preflight("train", ["trainer=gpu"])
+    preflight("train", ["-m", "hydra/launcher=slurm", "trainer=gpu", "trainer.devices=1", "resume=auto",
+                        f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    with pytest.raises(ConfigError, match=r"^device=cuda:1, but torch sees no CUDA GPU on this machine"):
+        preflight("evaluate", [f"run={tmp_path}", "device=cuda:1", "eval.metrics=[bpb]"])
+
+
 @pytest.mark.parametrize("arg, message", [
     ("hydra.run.dir=",
      "hydra.run.dir is empty, and Hydra would run in the current folder; give it a folder of its own"),

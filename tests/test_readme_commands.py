@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, REPO
 from tests.hydra_app import check_runs, compose_base, run_configs
+from xsa_exp.config import checks, preflight
 from xsa_exp.eval.bundle import BundleError
 
 pytestmark = pytest.mark.xdist_group("readme")  # one process, so base_config below composes each command once
@@ -119,6 +120,8 @@ def test_readme_command_passes_the_preflight(entry, args, stand_ins, tmp_path, m
     make_finished_runs(entry, runs, tmp_path)
     if BUNDLE.is_dir():  # CORE needs it: the d12/d24 presets' training, evaluate.py's default metrics
         monkeypatch.setenv("XSA_EXP_EVAL_BUNDLE", str(BUNDLE))
+    for module in (preflight, checks):  # the GPU commands' machine
+        monkeypatch.setattr(module, "cuda_here", lambda: True)
     try:
         check_runs(entry, base, runs, multirun)
     except BundleError:

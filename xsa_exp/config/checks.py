@@ -167,6 +167,16 @@ def validate_evaluate(cfg: DictConfig) -> None:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         allowed = schema_meta("device", cls=schema.EvaluateConfig)["accepts"]
         raise ConfigError(f"device={fmt(cfg.device)} is not an option; allowed: {allowed}")
+    if cfg.device.startswith("cuda") and not cuda_here():
+        raise ConfigError(f"device={cfg.device}, but torch sees no CUDA GPU on this machine (a CPU build of torch, or "
+                          "no GPU visible); use device=auto or cpu, or run it on a GPU node")
+
+
+def cuda_here() -> bool:
+    """Whether torch sees a CUDA GPU on this machine (torch imported only for the question)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def check_stage(cfg: DictConfig) -> None:

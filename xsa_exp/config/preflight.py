@@ -35,7 +35,7 @@ from omegaconf.errors import (
 
 from xsa_exp import run_dir as rd
 from xsa_exp.config.arithmetic import world_size
-from xsa_exp.config.checks import validate, validate_evaluate
+from xsa_exp.config.checks import cuda_here, validate, validate_evaluate
 from xsa_exp.config.keys import allowed, bounds, fmt, leaves, type_name, unknown_key_message
 from xsa_exp.config.sweep import sweep_jobs
 from xsa_exp.errors import ConfigError, UserError, exit_on_user_error
@@ -84,6 +84,16 @@ def check_run(entry: str, cfg: DictConfig) -> None:
         HydraConfig.instance().set_config(copy.deepcopy(cfg))  # set_config makes the node it keeps read-only
     check_empty_dict_overrides(as_written(cfg.hydra.overrides.task), cfg)
     (validate if entry == "train" else validate_evaluate)(cfg)
+    if entry == "train":
+        check_gpu_here(cfg)
+
+
+def check_gpu_here(cfg: DictConfig) -> None:
+    """A run that asks for a GPU and starts on this machine (not one submitted to SLURM, whose nodes have them)."""
+    if cfg.trainer.accelerator in ("gpu", "cuda") and "SlurmLauncher" not in cfg.hydra.launcher._target_ \
+            and not cuda_here():
+        raise ConfigError(f"trainer.accelerator={cfg.trainer.accelerator}, but torch sees no CUDA GPU on this machine "
+                          "(a CPU build of torch, or no GPU visible); use trainer=cpu here, or run it on a GPU node")
 
 
 def check_output_folder(cfg: DictConfig, key: str) -> None:
@@ -312,13 +322,6 @@ def check_submitit_job(cfg: DictConfig) -> None:
                           f"{launcher.gpus_per_node} GPUs, and trainer.devices={per_node} GPUs are needed "
                           f"(trainer.accelerator={cfg.trainer.accelerator}); add hydra.launcher.gpus_per_node="
                           f"{per_node}, or trainer.accelerator=cpu to train on the CPU")
-
-
-def cuda_here() -> bool:
-    """Whether this machine has a CUDA GPU (torch, imported only for the question)."""
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _devices_known(cfg: DictConfig) -> bool:
