@@ -144,7 +144,7 @@ def test_stage_checks(base_run, tmp_path):
         (sft_cfg(tmp_path), "is not a finished run .*config.yaml and checkpoints/final.ckpt"),
         (sft_cfg(unreadable_run(tmp_path / "garbled", "model: [")),
          r"its config.yaml is not a run's \(ParserError: .*\); point it at a completed base run directory"),
-        (sft_cfg(unreadable_run(tmp_path / "empty", "")), r"its config.yaml is not a run's \(it lacks model, xsa"),
+        (sft_cfg(unreadable_run(tmp_path / "empty", "")), r"its config.yaml is not a run's \(it lacks model or xsa\)"),
         (sft_cfg(base_run, "xsa.alpha=0.5"),
          r"other model/XSA settings \(xsa.alpha differ\); pass the base run's: xsa.alpha=1.0"),
         (sft_cfg(base_run, "model.n_layer=3"), r"model.n_layer differ\); pass the base run's: model.n_layer=2"),

@@ -195,8 +195,8 @@ def check_stage(cfg: DictConfig) -> None:
                           "checkpoints/final.ckpt); point it at a completed base run directory")
     try:
         base_cfg = OmegaConf.load(base / rd.CONFIG)
-        problem = None if isinstance(base_cfg, DictConfig) and {"model", "xsa", "depth_name"} <= set(base_cfg) \
-            else "it lacks model, xsa or depth_name"
+        problem = None if isinstance(base_cfg, DictConfig) and {"model", "xsa"} <= set(base_cfg) \
+            else "it lacks model or xsa"
     except (OSError, yaml.YAMLError) as e:
         problem = f"{type(e).__name__}: {' '.join(str(e).split())[:120]}"
     if problem:
@@ -206,7 +206,7 @@ def check_stage(cfg: DictConfig) -> None:
               for key in sorted(set(cfg[section]) | set(base_cfg[section]))
               if cfg[section].get(key) != base_cfg[section].get(key)]
     if differ:
-        other_depth = cfg.depth_name != base_cfg.depth_name  # then depth=... sets the model's size keys
+        other_depth = cfg.depth_name != base_cfg.get("depth_name")  # then depth=... sets the model's size keys
         wanted = [f"depth={base_cfg.depth_name}"] * other_depth + [
             f"{key}={OmegaConf.select(base_cfg, key)}" for key in differ
             if not (other_depth and key.startswith("model."))]
