@@ -338,6 +338,12 @@ def test_missing_bundle_and_files(tmp_path, tiny_bundle):
         core.load_task_specs(tiny_bundle)
 
 
+def test_a_download_into_a_file_is_one_line(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(BundleError, match=r"a-file is a file, not a folder; download the bundle into a folder"):
+        bundle.download_bundle(tmp_path / "a-file", url="http://127.0.0.1:9/never")
+
+
 def test_resolve_bundle_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("XSA_EXP_EVAL_BUNDLE", str(tmp_path / "env"))
     assert bundle.resolve_bundle_dir(str(tmp_path / "arg")) == tmp_path / "arg"

@@ -338,3 +338,18 @@ def test_a_tiny_training_run_on_data_wiki(small_cfg, tmp_path):
     assert (run_dir / "tokenizer" / "tokenizer.json").is_file()
     config = (run_dir / "config.yaml").read_text()
     assert "name: wiki" in config and json.loads((run_dir / "run.json").read_text())["val_scope"]["tokens"] == 1024
+
+
+def test_a_corpus_too_small_for_the_vocabulary_is_one_line(tmp_path, small_cfg):
+    """BPE cannot learn model.vocab_size tokens from a few words: a DataError naming both fixes, not a traceback."""
+    from xsa_exp.data.sources import DataError
+    from xsa_exp.training.run import train
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        (corpus / name).write_text('{"text": "In the beginning"}\n')
+    with pytest.raises(DataError, match=r"has \d+ tokens, model.vocab_size is 512: its training text is too small to "
+                                        r"learn more; add text or set model.vocab_size=\d+$"):
+        train(small_cfg("data=local", f"data.path={corpus}"), tmp_path / "run")
+

@@ -136,6 +136,9 @@ def test_manifest_mistakes_are_one_line_errors(results, capsys):
     assert "a selector is a mapping of" in broken({**base, "cells": [{"setting": "d12"}]})
     assert "give recipe" in broken({"question": 1, "title": "t"})
     assert "give question, recipe, title" in broken(1)
+    (results / "summary.yaml").write_text("optim: [")
+    with pytest.raises(ReportError, match=r"summary.yaml is not valid YAML \(while parsing"):
+        write_summary(results)
     (results / "summary.yaml").write_text(yaml.safe_dump({"missing": base}))
     with pytest.raises(SystemExit) as exit_info:
         main(["--summary", str(results)])

@@ -85,15 +85,19 @@ class TextDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:
             return
-        if self.tokenizer_dir is not None:
+        given = self.tokenizer_dir is not None  # the base run's (SFT), else trained on this corpus
+        if given:
             self.tokenizer = Tokenizer.load(self.tokenizer_dir)
         else:
             self.tokenizer, self.tokenizer_dir = load_or_train_tokenizer(
                 self.cache_dir, self.tokenizer_key, self.vocab_size, self.tokenizer_texts)
         self.tokenizer.threads = self.cpus
-        if self.tokenizer.vocab_size != self.vocab_size:
-            raise ValueError(f"tokenizer at {self.tokenizer_dir} has {self.tokenizer.vocab_size} tokens, "
-                             f"model.vocab_size is {self.vocab_size}")
+        size = self.tokenizer.vocab_size
+        if size != self.vocab_size:
+            fix = (f"it was made for another size; set model.vocab_size={size}" if given else
+                   f"its training text is too small to learn more; add text or set model.vocab_size={size}")
+            raise DataError(f"tokenizer at {self.tokenizer_dir} has {size} tokens, model.vocab_size is "
+                            f"{self.vocab_size}: {fix}")
         self.token_bytes = self.tokenizer.token_bytes()
         row_len = self.sequence_len + 1
         if self.data_cfg.name == "sft":
@@ -119,8 +123,8 @@ class TextDataModule(L.LightningDataModule):
         train_rows = cut_rows(train_tokens, row_len)
         self.val_rows, self.val_complete = cut_rows(val_tokens, row_len), True
         if len(train_rows) == 0 or len(self.val_rows) == 0:
-            raise ValueError(f"model.sequence_len={self.sequence_len} is longer than the corpus split; "
-                             "use a shorter sequence")
+            raise DataError(f"model.sequence_len={self.sequence_len} is longer than the corpus split; "
+                            "use a shorter sequence")
         self.train_rows = EpochPermutations(train_rows, self.seed)
         self.unigram_bpb = unigram_bits_per_byte(train_tokens, val_tokens, self.token_bytes)
         rank_zero_info(f"data: {len(train_tokens):,} train tokens ({len(train_rows):,} rows), "

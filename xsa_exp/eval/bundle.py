@@ -79,6 +79,8 @@ def data_path(bundle_dir: str | os.PathLike, relative: str) -> Path:
 def download_bundle(dest: str | os.PathLike, url: str = BUNDLE_URL) -> Path:
     """Download and unzip the eval bundle into ``dest`` (no-op if it is already there)."""
     dest = Path(dest).expanduser()
+    if dest.exists() and not dest.is_dir():
+        raise BundleError(f"{dest} is a file, not a folder; download the bundle into a folder (--dest DIR)")
     if (dest / CORE_TASKS_FILE).is_file():
         return dest
     if dest.exists() and any(dest.iterdir()):

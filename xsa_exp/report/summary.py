@@ -121,7 +121,10 @@ def read_manifest(results: Path) -> dict:
     path = results / MANIFEST
     if not path.is_file():
         raise ReportError(f"{path} not found: the summary's manifest (docs/report.md says what it holds)")
-    manifest = yaml.safe_load(path.read_text())
+    try:
+        manifest = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ReportError(f"{path} is not valid YAML ({' '.join(str(e).split())[:120]})") from None
     if not isinstance(manifest, dict) or not manifest:
         raise ReportError(f"{path}: a mapping of question folders")
     return manifest
