@@ -206,8 +206,9 @@ def check_stage(cfg: DictConfig) -> None:
               for key in sorted(set(cfg[section]) | set(base_cfg[section]))
               if cfg[section].get(key) != base_cfg[section].get(key)]
     if differ:
-        other_depth = cfg.depth_name != base_cfg.get("depth_name")  # then depth=... sets the model's size keys
-        wanted = [f"depth={base_cfg.depth_name}"] * other_depth + [
+        base_depth = base_cfg.get("depth_name")
+        other_depth = base_depth is not None and cfg.depth_name != base_depth  # depth=... sets the size keys
+        wanted = [f"depth={base_depth}"] * other_depth + [
             f"{key}={OmegaConf.select(base_cfg, key)}" for key in differ
             if not (other_depth and key.startswith("model."))]
         wanted = " ".join(wanted)

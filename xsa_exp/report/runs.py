@@ -59,7 +59,7 @@ class Run:
     sources: dict[str, str | Path] = field(default_factory=dict)  # metric -> "metrics.csv step N" or eval folder
     val_scope: dict | None = None  # what the final val/bpb covers: {"tokens", "split_tokens", "whole"}
     final_alpha: np.ndarray | None = None  # α per layer and head at the last diagnostics step (learnable runs)
-    config: dict = field(default_factory=dict)  # config.yaml's leaves, by dotted key (and VAL_SCOPE: assign_settings)
+    config: dict = field(default_factory=dict)  # config.yaml's leaves, by dotted key, and VAL_SCOPE
     settings: dict = field(default_factory=dict)  # the SETTING_KEYS leaves that vary among its depth's runs
     shown: dict = field(default_factory=dict)  # those of them its label names (see assign_settings)
     setting_names: dict = field(default_factory=dict)  # setting key -> its short name in labels (setting_names)
@@ -172,6 +172,7 @@ def load_run(path: Path, label: str) -> Run:
     run = Run(path, label, depth, arm, seed, n_params, raw.apply(pd.to_numeric, errors="coerce"), raw != "",
               info=info, complete=complete, status=status, config=config)
     add_final_values(run)
+    run.config[VAL_SCOPE] = rd.describe_val_scope(run.val_scope) or "the whole split"  # a setting, as its keys are
     run.final_alpha = last_alpha(path) if arm.alpha is None else None
     return run
 
@@ -196,8 +197,6 @@ def assign_settings(runs: list[Run]) -> None:
     for run in runs:
         by_depth[run.base_depth].append(run)
     for group in by_depth.values():
-        for run in group:  # what its final val/bpb covers, beside its config's keys
-            run.config[VAL_SCOPE] = rd.describe_val_scope(run.val_scope) or "the whole split"
         keys = sorted({k for run in group for k in run.config if k.startswith(SETTING_KEYS)})
         by_optim = defaultdict(list)
         for run in group:

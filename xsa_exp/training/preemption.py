@@ -8,6 +8,8 @@ import signal
 from pathlib import Path
 
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_info
 
 from xsa_exp import run_dir as rd
@@ -25,9 +27,6 @@ def preemption_signals() -> tuple[signal.Signals, ...]:
 def continue_with(run_dir) -> str:
     """What a relaunch adds to continue a run: resume=auto and its directory, since Hydra's default one is new at
     each launch (for a sweep's job, the sweep's directory, which holds its other jobs too)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         depth = len(Path(str(HydraConfig.get().sweep.subdir)).parts)
         return f"resume=auto hydra.sweep.dir={Path(run_dir).parents[depth - 1]}"
