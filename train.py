@@ -1,13 +1,12 @@
 """Train one model: python train.py [depth=d12] [xsa.alpha=0] [...]; -m for sweeps. See README."""
 
-from pathlib import Path
-
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from xsa_exp.config.preflight import run_app
+from xsa_exp.config.sweep import name_wandb_group
 from xsa_exp.errors import exit_on_user_error
 
 
@@ -16,9 +15,8 @@ def main(cfg: DictConfig) -> None:
     from xsa_exp.training.run import train  # imported here so config errors stay fast
 
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.wandb is not None and cfg.logger.wandb.group is None:
-        with open_dict(cfg):  # one wandb group per sweep, named like its directory
-            cfg.logger.wandb.group = Path(hydra_cfg.sweep.dir).name
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        name_wandb_group(cfg, hydra_cfg.sweep.dir)
     with exit_on_user_error():
         train(cfg, hydra_cfg.runtime.output_dir)
 

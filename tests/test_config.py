@@ -115,6 +115,19 @@ def test_bad_config_exits_before_creating_a_run_directory(args, message, tmp_pat
     assert not run_dir.exists()
 
 
+def test_printing_hydras_node_resolved_names_the_command_that_does():
+    """Hydra resolves its node alone for --cfg hydra --resolve, and the run directory names job keys."""
+    result = subprocess.run([sys.executable, "train.py", "-c", "hydra", "--resolve"], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr == (
+        "config error: --cfg hydra --resolve: Interpolation key 'xsa.alpha' not found: Hydra resolves its node alone, "
+        "without the run's keys that hydra.run.dir and hydra.sweep.dir name; print it resolved with --cfg all "
+        "--resolve (add -p hydra for Hydra's node only)\n")
+    printed = subprocess.run([sys.executable, "train.py", "--cfg", "all", "--resolve", "-p", "hydra.run"], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0 and printed.stdout.startswith("# @package hydra.run\ndir: runs/"), printed.stderr
+
+
 def test_a_gpu_run_on_a_machine_without_one_is_one_line(tmp_path, monkeypatch):
     """Where it would start: here, not on the SLURM nodes a submitted sweep runs on."""
     from tests.hydra_app import preflight

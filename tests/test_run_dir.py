@@ -35,7 +35,13 @@ def test_unreadable_newest_checkpoint_falls_back_with_a_warning(tmp_path):
     with pytest.warns(UserWarning):
         assert rd.find_checkpoint(tmp_path) == rd.step_checkpoint(tmp_path, 2)
     rd.step_checkpoint(tmp_path, 2).write_bytes(b"")
-    with pytest.warns(UserWarning), pytest.raises(rd.RunError, match="has no loadable checkpoints"):
+    with pytest.warns(UserWarning, match="step000004.ckpt is unreadable .*; falling back to step000002.ckpt"), \
+            pytest.raises(rd.RunError, match=r"has no checkpoint that loads \(step000004.ckpt, step000002.ckpt: "
+                                             r"truncated, corrupt or unreadable\); restore"):
+        rd.find_checkpoint(tmp_path)
+    for path in rd.checkpoints_newest_first(tmp_path):
+        path.unlink()
+    with pytest.raises(rd.RunError, match=r"has no checkpoints/\*.ckpt; was the run finished\?"):
         rd.find_checkpoint(tmp_path)
 
 

@@ -11,18 +11,30 @@ pytestmark = pytest.mark.slow
 
 
 def test_smoke_sweep_with_two_seeds_then_report(tmp_path):
+    from tests.hydra_app import preflight
     from xsa_exp.report.cli import main
 
     sweep = tmp_path / "sweep"
     model = [o for o in SMALL if o.startswith("model.") or o.startswith("train.")]
-    train = subprocess.run([sys.executable, "train.py", "-m", "experiment=smoke", "seed=1,2",
-                            f"hydra.sweep.dir={sweep}", *model, "train.max_steps=3", "eval.every=3",
-                            "eval.diag_every=3", "eval.val_tokens=512"],
-                           cwd=REPO, capture_output=True, text=True, timeout=600)
+    argv = ["-m", "experiment=smoke", "seed=1,2", f"hydra.sweep.dir={sweep}", *model, "train.max_steps=3",
+            "eval.every=3", "eval.diag_every=3", "eval.val_tokens=512"]
+    train = subprocess.run([sys.executable, "train.py", *argv], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert train.returncode == 0, train.stderr[-3000:]
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert jobs == ["0", "1", "2", "3"]  # xsa.alpha=0,1 x seed=1,2
     assert all((sweep / j / "status.json").is_file() for j in jobs)
+
+    # Continued with resume=auto, each job is the run in its directory; with another value, none is, and the sweep
+    # is refused before Hydra rewrites its multirun.yaml.
+    preflight("train", [*argv, "resume=auto"])
+    written = (sweep / "multirun.yaml").read_text()
+    other = subprocess.run([sys.executable, "train.py", *argv, "train.max_steps=4", "resume=auto"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2 and other.stderr == (
+        f"config error: hydra.sweep.dir={sweep} holds another sweep's runs: job 0's directory {sweep / '0'} was "
+        "started with a different config (sections train differ); nothing was overwritten — continue it with the "
+        f"overrides in {sweep}/multirun.yaml (hydra.overrides.task), or choose a new hydra.sweep.dir\n"), other.stderr
+    assert (sweep / "multirun.yaml").read_text() == written
 
     main([str(sweep)])  # `python -m xsa_exp.report <sweep>`, in this process (tests/test_report.py runs the command)
     text = (sweep / "report" / "report.md").read_text()
@@ -74,7 +86,37 @@ def test_a_sweep_whose_job_directories_name_their_keys_is_checked_too(tmp_path):
     argv = ["-m", "seed=1,2", f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=a${xsa.alpha}_s${seed}"]
     with pytest.raises(ConfigError, match=r"already holds runs \(job 1's directory .*a1.0_s2 is one\)"):
         preflight("train", argv)
-    preflight("train", [*argv, "resume=auto"])  # continuing them is allowed
+    with pytest.raises(ConfigError, match=r"another sweep's runs: job 1's directory .*a1.0_s2 was started with a "
+                                          r"different config \(sections [a-z_, ]+ differ\)"):
+        preflight("train", [*argv, "resume=auto"])  # continued only as the job it holds
+
+
+def test_a_wandb_sweep_continued_with_resume_auto_keeps_its_group(tmp_path):
+    """A sweep's jobs log to one wandb group named like the sweep's folder (train.py), and their config.yaml holds
+    it: the same sweep continued with resume=auto is that job, and another group is another experiment."""
+    from omegaconf import OmegaConf, open_dict
+
+    from tests.hydra_app import preflight
+    from xsa_exp.config.preflight import set_hydra_record
+    from xsa_exp.errors import ConfigError
+
+    sweep = tmp_path / "s42"
+    argv = ["-m", "logger=wandb", "seed=1,2", f"hydra.sweep.dir={sweep}", "resume=auto"]
+    job = preflight("train", argv)[1]
+    set_hydra_record(job)
+    with open_dict(job):
+        del job["hydra"]
+    saved = OmegaConf.to_container(job, resolve=True)
+    saved["resume"] = None  # the first launch's
+    for group, refused in (("s42", False), ("another", True)):
+        saved["logger"]["wandb"]["group"] = group
+        (sweep / "1").mkdir(parents=True, exist_ok=True)
+        (sweep / "1" / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+        if refused:
+            with pytest.raises(ConfigError, match=r"job 1's directory .* \(sections logger differ\)"):
+                preflight("train", argv)
+        else:
+            preflight("train", argv)
 
 
 def test_a_sweep_started_again_into_its_directory_is_refused_before_any_job(tmp_path):

@@ -139,6 +139,15 @@ def write_run_files(run_dir: Path, config_yaml: str, info: dict) -> None:
     write_json(run_dir / RUN, info)
 
 
+def config_differences(run_dir: Path, config: dict) -> list[str]:
+    """The top-level sections in which `config` (resolved) differs from the run's config.yaml: a run continued with
+    resume=auto must be the same experiment, and only `resume` itself may differ."""
+    from omegaconf import OmegaConf
+
+    saved = OmegaConf.to_container(OmegaConf.load(Path(run_dir) / CONFIG))
+    return sorted(k for k in set(saved) | set(config) if k != "resume" and saved.get(k) != config.get(k))
+
+
 def describe_val_scope(scope: dict | None) -> str:
     """'' for the whole validation split (or a scope not known), else 'over N of M tokens' (or 'over the first N
     tokens' of a split not read to its end)."""
@@ -295,13 +304,15 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
     warning."""
     import torch
 
-    for path in checkpoints_newest_first(run_dir):
+    candidates = checkpoints_newest_first(run_dir)
+    for path, previous in zip(candidates, [*candidates[1:], None]):
         try:
             torch.load(path, map_location="cpu", weights_only=False, mmap=True)
             return path
         except Exception as e:  # truncated or corrupt: any load error means "not this one"
-            warnings.warn(f"checkpoint {path} is unreadable ({type(e).__name__}); falling back to the previous one",
-                          UserWarning, stacklevel=2)
+            if previous is not None:
+                warnings.warn(f"checkpoint {path} is unreadable ({type(e).__name__}); falling back to {previous.name}",
+                              UserWarning, stacklevel=2)
     return None
 
 
@@ -313,8 +324,12 @@ def find_checkpoint(path: Path) -> Path:
     if not path.is_dir():
         raise RunError(f"no such run directory or checkpoint: {path}")
     found = newest_checkpoint(path)
+    if found is None and (unreadable := checkpoints_newest_first(path)):
+        names = ", ".join(p.name for p in unreadable)
+        raise RunError(f"run directory {path} has no checkpoint that loads ({names}: truncated, corrupt or "
+                       "unreadable); restore its checkpoints from a copy, or train the run again in a new directory")
     if found is None:
-        raise RunError(f"run directory {path} has no loadable checkpoints/*.ckpt; was the run finished?")
+        raise RunError(f"run directory {path} has no checkpoints/*.ckpt; was the run finished?")
     return found
 
 

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import (
     ConfigAttributeError,
     ConfigKeyError,
+    InterpolationKeyError,
     InterpolationResolutionError,
     OmegaConfBaseException,
     ValidationError,
@@ -37,7 +38,7 @@ from xsa_exp import run_dir as rd
 from xsa_exp.config.arithmetic import world_size
 from xsa_exp.config.checks import cuda_here, validate, validate_evaluate
 from xsa_exp.config.keys import allowed, bounds, fmt, leaves, type_name, unknown_key_message
-from xsa_exp.config.sweep import sweep_jobs
+from xsa_exp.config.sweep import name_wandb_group, sweep_jobs
 from xsa_exp.errors import ConfigError, UserError, exit_on_user_error
 
 
@@ -79,13 +80,17 @@ def check_run(entry: str, cfg: DictConfig) -> None:
     """One run's config (with its hydra node): the overrides Hydra accepts but that would do nothing, then every
     value. Hydra's record of the run is set first, as Hydra sets it for a job: the group choices (depth_name, ...)
     are `${hydra:runtime.choices...}`."""
-    choices = cfg.hydra.runtime.choices
-    if not HydraConfig.initialized() or HydraConfig.get().runtime.choices != choices:  # a sweep's jobs share them
-        HydraConfig.instance().set_config(copy.deepcopy(cfg))  # set_config makes the node it keeps read-only
+    set_hydra_record(cfg)
     check_empty_dict_overrides(as_written(cfg.hydra.overrides.task), cfg)
     (validate if entry == "train" else validate_evaluate)(cfg)
     if entry == "train":
         check_gpu_here(cfg)
+
+
+def set_hydra_record(cfg: DictConfig) -> None:
+    """Hydra's record of the job whose config is cfg, as Hydra sets it when the job runs, for `${hydra:...}`."""
+    if not HydraConfig.initialized() or HydraConfig.get().runtime.choices != cfg.hydra.runtime.choices:
+        HydraConfig.instance().set_config(copy.deepcopy(cfg))  # set_config makes the node it keeps read-only
 
 
 def check_gpu_here(cfg: DictConfig) -> None:
@@ -162,7 +167,16 @@ def run_app(main: Callable[[], None], config_name: str) -> None:
         main()
     except (HydraException, OmegaConfBaseException) as e:
         with exit_on_user_error(label=ConfigError.label):
+            if isinstance(e, InterpolationKeyError) and prints_hydra_node_resolved(sys.argv[1:]):
+                raise ConfigError(f"--cfg hydra --resolve: {first_line(e)}: Hydra resolves its node alone, without "
+                                  "the run's keys that hydra.run.dir and hydra.sweep.dir name; print it resolved with "
+                                  "--cfg all --resolve (add -p hydra for Hydra's node only)") from None
             raise ConfigError(command_line_error(e, config_name)) from None
+
+
+def prints_hydra_node_resolved(args: list[str]) -> bool:
+    """Whether the command line is Hydra's `--cfg hydra --resolve` (or -c hydra, --cfg=hydra)."""
+    return "--resolve" in args and re.search(r"(?:^| )(?:--cfg|-c)[ =]hydra(?: |$)", " ".join(args)) is not None
 
 
 def command_line_error(error: Exception, config_name: str) -> str:
@@ -253,11 +267,10 @@ def first_line(error: Exception) -> str:
 
 
 def check_sweep_directory(runs: list[DictConfig]) -> None:
-    """A sweep started again into a directory that holds its finished or running jobs: refuse it whole, before
-    Hydra launches anything, instead of each job refusing its own directory (the runs are never touched)."""
+    """A sweep started again into a directory that holds its finished or running jobs: refused whole before Hydra
+    launches anything or rewrites the folder's multirun.yaml, instead of each job refusing its own directory (the
+    runs are never touched). With resume=auto each job continues the run it finds, which must be the same job."""
     for num, cfg in enumerate(runs):
-        if cfg.resume == "auto":
-            continue  # each job continues the run it finds, or skips it if complete
         with open_dict(cfg):  # the job's own config, composed for this check: a subdir may name its keys
             cfg.hydra.job.num = num  # Hydra numbers a sweep's jobs in the order the basic sweeper makes them
         try:  # resolved once: a ${now:...} in the directory would give another name each time
@@ -265,10 +278,28 @@ def check_sweep_directory(runs: list[DictConfig]) -> None:
         except OmegaConfBaseException:
             return  # a directory resolved only inside the job (Hydra's runtime resolvers); the job checks it
         job_dir = Path(sweep_dir) / subdir
-        if (job_dir / rd.CONFIG).exists():
+        if not (job_dir / rd.CONFIG).exists():
+            continue
+        if cfg.resume != "auto":
             raise ConfigError(f"hydra.sweep.dir={sweep_dir} already holds runs (job {num}'s directory "
                               f"{job_dir} is one); nothing was overwritten — choose a new hydra.sweep.dir, or add "
                               "resume=auto to continue them")
+        if diff := rd.config_differences(job_dir, job_config(cfg, sweep_dir)):
+            raise ConfigError(f"hydra.sweep.dir={sweep_dir} holds another sweep's runs: job {num}'s directory "
+                              f"{job_dir} was started with a different config (sections {', '.join(diff)} differ); "
+                              f"nothing was overwritten — continue it with the overrides in {Path(sweep_dir)}/"
+                              "multirun.yaml (hydra.overrides.task), or choose a new hydra.sweep.dir")
+
+
+def job_config(cfg: DictConfig, sweep_dir: str) -> dict:
+    """A sweep job's config, resolved, as the job will save it (train.py): without Hydra's node, with the sweep's
+    wandb group. Hydra's record is this job's own, its number included (`${hydra:job.num}`)."""
+    HydraConfig.instance().set_config(copy.deepcopy(cfg))
+    job = copy.deepcopy(cfg)
+    with open_dict(job):
+        del job["hydra"]
+    name_wandb_group(job, sweep_dir)
+    return OmegaConf.to_container(job, resolve=True)
 
 
 def check_one_array(base: DictConfig, runs: list[DictConfig]) -> None:

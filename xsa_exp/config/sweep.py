@@ -1,13 +1,15 @@
 """The jobs of a Hydra basic sweep, in the order Hydra's BasicSweeper numbers them: what the preflight checks
 before a sweep starts and what the report expects to find in a sweep's folder. Written on Hydra's public override
-parser: the sweeper's own expansion is not public API."""
+parser: the sweeper's own expansion is not public API. And what a sweep adds to each job's config."""
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from omegaconf import DictConfig, open_dict
 
 from xsa_exp.errors import ConfigError
 
@@ -35,3 +37,10 @@ def sweep_jobs(overrides: list[str]) -> tuple[list[list[str]], set[str]]:
             choices[key] = [f"{key}={override.get_value_element_as_str()}"]
             varying.discard(key)
     return [list(job) for job in itertools.product(*choices.values())], varying
+
+
+def name_wandb_group(cfg: DictConfig, sweep_dir: str) -> None:
+    """A sweep's jobs share one wandb group, named like the sweep's folder, unless logger.wandb.group names one."""
+    if cfg.logger.wandb is not None and cfg.logger.wandb.group is None:
+        with open_dict(cfg):
+            cfg.logger.wandb.group = Path(sweep_dir).name

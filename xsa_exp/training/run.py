@@ -334,12 +334,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT, writer: RunDirWr
 
 
 def check_same_config(run_dir: Path, cfg: DictConfig) -> None:
-    """A resumed run must be the same experiment; only `resume` itself may differ."""
-    saved = OmegaConf.to_container(OmegaConf.load(run_dir / rd.CONFIG))
-    current = OmegaConf.to_container(cfg, resolve=True)
-    saved.pop("resume", None), current.pop("resume", None)
-    if saved != current:
-        diff = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    if diff := rd.config_differences(run_dir, OmegaConf.to_container(cfg, resolve=True)):
         raise ConfigError(f"run directory {run_dir} was started with a different config (sections {', '.join(diff)} "
                           "differ); resume with the same overrides or choose a new hydra.run.dir")
 
