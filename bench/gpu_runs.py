@@ -171,7 +171,8 @@ def throughput_run(name: str, common: list[str], smoke: bool, workdir: Path, env
         model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
     figures = {"run": name, "compiled": compiled, "device_batch_size": cfg.train.device_batch_size,
                "micro_batches": micro_batches, "batch_tokens": batch, "preset_batch_tokens": preset_batch,
-               "predicted_peak_gb": predicted_peak_bytes(model, cfg.train.device_batch_size, compiled) / 1e9,
+               "predicted_peak_gb": predicted_peak_bytes(model, cfg.train.device_batch_size, compiled,
+                                                  cfg.optim.matrix_algorithm == "muon") / 1e9,
                "warmup_updates": WARMUP, "steady_updates": steady, "profiled_updates": PROFILED,
                "estimated_s": estimated_s(preset) if compiled and not smoke else None, "limit_s": round(limit_s)}
     if batch != preset_batch:

@@ -16,9 +16,12 @@ import json
 import statistics
 import time
 
+from xsa_exp.config.schema import ChatCoreConfig
 from xsa_exp.eval.bundle import resolve_bundle_dir
 from xsa_exp.eval.chat import BUNDLE_FILES, humaneval_program
 from xsa_exp.eval.sandbox import MODES, run_program, unavailable_reason
+
+LIMITS = (ChatCoreConfig().humaneval_timeout_s, ChatCoreConfig().humaneval_memory_mb)  # ChatCORE's, per program
 
 
 def main() -> None:
@@ -33,11 +36,11 @@ def main() -> None:
 
     times: dict[str, list[float]] = {m: [] for m in modes}
     for mode in modes:  # warm-up: page cache, first-use costs
-        run_program("pass", mode=mode)
+        run_program("pass", *LIMITS, mode=mode)
     for _ in range(args.repeats):
         for mode in modes:
             start = time.perf_counter()
-            result = run_program("pass", mode=mode)
+            result = run_program("pass", *LIMITS, mode=mode)
             times[mode].append(time.perf_counter() - start)
             assert result.passed, (mode, result.detail)
     print(f"\nper program (trivial program, median of {args.repeats}):")
@@ -53,7 +56,7 @@ def main() -> None:
     print(f"\nHumanEval, {len(programs)} canonical solutions through run_program:")
     for mode in modes:
         start = time.perf_counter()
-        passed = sum(run_program(program, timeout_s=20, mode=mode).passed for program in programs)
+        passed = sum(run_program(program, 20, LIMITS[1], mode=mode).passed for program in programs)
         print(f"  {mode:<11} {time.perf_counter() - start:6.1f} s   {passed}/{len(programs)} pass")
 
 

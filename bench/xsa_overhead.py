@@ -206,7 +206,8 @@ def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: in
     def lightning() -> float:
         torch.manual_seed(0)
         model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
-        module = LanguageModel(model, typed(cfg.optim, OptimConfig), None, 10**6)
+        module = LanguageModel(model, typed(cfg.optim, OptimConfig), None, 10**6, None, cfg.train.skip_nonfinite_steps,
+                               compile=False)
         clock = StepClock()
         # A run's metrics callbacks (xsa_exp/training/run.py) are part of the framework's cost: the rows, read at
         # the host-sync steps, and the console line, both every log.print_every updates as in a default run.

@@ -4,10 +4,10 @@ import json
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from tests.conftest import REPO
 from tests.test_core import REAL_BUNDLE as BUNDLE
+from xsa_exp.config.schema import ChatCoreConfig
 from xsa_exp.data.sources import DataError
 from xsa_exp.data.tokenizer import Tokenizer
 from xsa_exp.eval.bundle import BundleError
@@ -26,6 +26,7 @@ from xsa_exp.generate import CalculatorTool, calculate, generate
 from xsa_exp.model import GPTConfig
 
 FIXTURES = REPO / "tests" / "fixtures" / "chat"
+LIMITS = (ChatCoreConfig().humaneval_timeout_s, ChatCoreConfig().humaneval_memory_mb)  # the schema's, per program
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +95,11 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
         fenced = f"Here you go:\n```python\n{whole}\n```\nDone."
         body = example["canonical_solution"]
         for reply in (whole, fenced, body):
-            assert run_humaneval(example, reply).passed, example["task_id"]
+            assert run_humaneval(example, reply, *LIMITS).passed, example["task_id"]
         wrong = example["prompt"] + "    return None\n"
-        assert not run_humaneval(example, wrong).passed
-        assert run_humaneval(example, f"{whole}\nprint('no newline', end='')\n").passed  # the marker still found
+        assert not run_humaneval(example, wrong, *LIMITS).passed
+        no_newline = f"{whole}\nprint('no newline', end='')\n"
+        assert run_humaneval(example, no_newline, *LIMITS).passed  # the marker still found
 
 
 def test_a_humaneval_program_that_exits_before_its_tests_fails():
@@ -106,7 +108,7 @@ def test_a_humaneval_program_that_exits_before_its_tests_fails():
     wrong = example["prompt"] + "    return None\n"
     for ending in ("exit()", "import sys\nsys.exit(0)", "import os\nos._exit(0)",
                    "if __name__ == '__main__':\n    import unittest\n    unittest.main()"):
-        outcome = run_humaneval(example, f"{wrong}\n{ending}\n")
+        outcome = run_humaneval(example, f"{wrong}\n{ending}\n", *LIMITS)
         assert (outcome.status, outcome.detail) == ("failed", "exited before its tests ran"), ending
 
 
@@ -115,7 +117,7 @@ def test_every_humaneval_canonical_solution_passes_in_the_sandbox():
     """The program assembly and the sandbox together must not fail a correct answer."""
     examples = humaneval_examples(None)
     failed = [e["task_id"] for e in examples
-              if not run_humaneval(e, e["prompt"] + e["canonical_solution"], timeout_s=20).passed]
+              if not run_humaneval(e, e["prompt"] + e["canonical_solution"], 20, LIMITS[1]).passed]
     assert len(examples) == 164 and failed == []
 
 
@@ -154,17 +156,16 @@ def test_missing_task_data_is_named_not_fatal(tokenizer, tmp_path, monkeypatch):
     arc.write_text("\n".join(json.dumps({"query": f"Question: q{i}?", "choices": ["a", "b", "c", "d"], "gold": i % 4})
                              for i in range(8)))
     letter_c = tokenizer.encode("C")[0]
-    mmlu = OmegaConf.create({"path": "cais/mmlu", "subset": "all", "split": "test", "data_files": None,
-                             "max_rows": None})
-    result = evaluate_chat(ScriptedModel(lambda position: letter_c), tokenizer, bundle, mmlu)
+    settings = ChatCoreConfig()  # the schema's defaults: MMLU from the hub
+    result = evaluate_chat(ScriptedModel(lambda position: letter_c), tokenizer, bundle, settings, tool_use=False)
     assert list(result.tasks) == ["arc_easy"] and result.name == "ChatCORE 1/5"
     assert result.tasks["arc_easy"].accuracy == 0.25 and result.tasks["arc_easy"].centered == 0.0
     assert "HF_HUB_OFFLINE" in result.missing["mmlu"] and "missing" in result.missing["gsm8k"]
     assert [e["prediction"] for e in result.examples] == ["C"] * 8
     assert result.sandbox is None  # no HumanEval, so no sandbox was used
     # MMLU from local files through the same loader
-    mmlu.data_files = str(FIXTURES / "mmlu_test.jsonl")
-    result = evaluate_chat(ScriptedModel(lambda position: letter_c), tokenizer, bundle, mmlu)
+    settings.mmlu.data_files = str(FIXTURES / "mmlu_test.jsonl")
+    result = evaluate_chat(ScriptedModel(lambda position: letter_c), tokenizer, bundle, settings, tool_use=False)
     assert result.tasks["mmlu"].n == 8 and result.tasks["mmlu"].correct == 2  # two fixture answers are C
 
 
@@ -172,12 +173,13 @@ def test_malformed_task_data_stops_with_the_file_and_line(tokenizer, tmp_path):
     arc = tmp_path / "eval_data" / BUNDLE_FILES["arc_easy"]
     arc.parent.mkdir(parents=True)
     arc.write_text(json.dumps({"query": "Question: q?", "choices": ["a", "b"], "gold": 0}) + "\n{not json\n")
-    mmlu = OmegaConf.create({"path": "cais/mmlu", "subset": "all", "split": "test", "data_files": None,
-                             "max_rows": None})
+    settings = ChatCoreConfig()
     with pytest.raises(BundleError, match=r"arc_easy.jsonl line 2: malformed JSON"):
-        evaluate_chat(ScriptedModel(lambda position: 0), tokenizer, tmp_path, mmlu)
-    # the user's own MMLU file with other columns is an error too, not a silently missing task
-    arc.unlink()
-    mmlu.data_files = str(FIXTURES / "gsm8k_train.jsonl")
+        evaluate_chat(ScriptedModel(lambda position: 0), tokenizer, tmp_path, settings, tool_use=False)
+    # the user's own MMLU file with other columns is an error too, not a silently missing task, and it stops the
+    # evaluation before ARC (earlier in TASKS) is scored
+    arc.write_text(json.dumps({"query": "Question: q?", "choices": ["a", "b"], "gold": 0}) + "\n")
+    settings.mmlu.data_files = str(FIXTURES / "gsm8k_train.jsonl")
     with pytest.raises(DataError, match=r"eval.chatcore.mmlu rows need question, choices and answer"):
-        evaluate_chat(ScriptedModel(lambda position: 0), tokenizer, tmp_path, mmlu)
+        evaluate_chat(ScriptedModel(lambda position: pytest.fail("a task was scored before every task loaded")),
+                      tokenizer, tmp_path, settings, tool_use=False)

@@ -342,6 +342,10 @@ def test_a_download_into_a_file_is_one_line(tmp_path):
     (tmp_path / "a-file").write_text("")
     with pytest.raises(BundleError, match=r"a-file is a file, not a folder; download the bundle into a folder"):
         bundle.download_bundle(tmp_path / "a-file", url="http://127.0.0.1:9/never")
+    under_a_file = (r"^cannot create .*a-file/sub/eval_bundle \(Not a directory\); download the bundle into a folder "
+                    r"that can be written \(--dest DIR or \$XSA_EXP_EVAL_BUNDLE\)$")
+    with pytest.raises(BundleError, match=under_a_file):
+        bundle.download_bundle(tmp_path / "a-file" / "sub" / "eval_bundle", url="http://127.0.0.1:9/never")
 
 
 def test_resolve_bundle_dir(monkeypatch, tmp_path):

@@ -3,6 +3,8 @@
 import csv
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +115,34 @@ def test_results_never_overwrite_earlier_ones(run_dir):
     assert (run_dir / "metrics.csv").read_bytes() == metrics_before
 
 
+def test_a_full_disk_keeps_no_half_written_results_and_says_so_in_one_line(run_dir, tmp_path, capsys):
+    """The results are written in a hidden folder and renamed into place: a full disk leaves no folder, and the
+    numbers stay on the console."""
+    from tests.small_disk import limited_writes
+    from xsa_exp.write_failures import WriteFailed, mount_point
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("eval"))
+    with limited_writes(run / "eval", 0), pytest.raises(WriteFailed) as e:
+        evaluate(eval_cfg(run, "eval.metrics=[bpb]"))
+    assert re.fullmatch(rf"no space left on {re.escape(str(mount_point(run)))} while writing "
+                        rf"{re.escape(str(run / 'eval'))}/\.writing-\w+/[\w.]+; the results printed above were not "
+                        r"kept; free space and evaluate again", str(e.value)), str(e.value)
+    assert "val/bpb" in capsys.readouterr().out
+    assert list((run / "eval").iterdir()) == []
+
+
+def test_a_results_folder_that_cannot_be_written_stops_before_the_work(run_dir, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("eval"))
+    (run / "eval").write_text("")  # a file where the results folder goes
+    monkeypatch.setattr("xsa_exp.evaluate_run.evaluate_bpb", lambda *args: pytest.fail("evaluated anyway"))
+    with pytest.raises(RunError, match=rf"^cannot write into {re.escape(str(run / 'eval'))} \(File exists\), where "
+                                       r"evaluate.py keeps its results; make it writable or free space there, or "
+                                       r"evaluate a copy of the run$"):
+        evaluate(eval_cfg(run, "eval.metrics=[bpb]"))
+
+
 def test_missing_bundle_is_one_clear_error(run_dir, tmp_path):
     with pytest.raises(UserError, match="CORE needs the eval bundle, not found at"):
         evaluate(eval_cfg(run_dir, "eval.metrics=[core]", f"eval.bundle_dir={tmp_path / 'absent'}"))
@@ -133,6 +163,16 @@ def test_truncated_and_mismatched_checkpoints(run_dir, tmp_path):
     torch.save(ckpt, mismatched)
     with pytest.raises(RunError, match="does not match its config"):
         load_trained(mismatched)
+    other = tmp_path / "other"  # another run's tokenizer of another size in the run's folder
+    shutil.copytree(run_dir, other, ignore=shutil.ignore_patterns("eval"))
+    ckpt = torch.load(good, weights_only=False)
+    ckpt["xsa_exp"]["config"]["model"]["vocab_size"] = 600  # as if the run had 600 tokens
+    ckpt["state_dict"] = {k: (torch.zeros(600, *v.shape[1:]) if v.shape[:1] == (512,) else v)
+                          for k, v in ckpt["state_dict"].items()}
+    torch.save(ckpt, other / "checkpoints" / "final.ckpt")
+    with pytest.raises(RunError, match=rf"^the tokenizer at {re.escape(str(other / 'tokenizer'))} has 512 tokens and "
+                                       r"the run's model 600: it is not the one the run trained with"):
+        load_trained(other)
 
 
 def test_evaluate_py_command(run_dir, tmp_path):

@@ -76,6 +76,21 @@ def test_batched_prompts_of_different_lengths_continue_as_each_would_alone(arm):
     assert generate_batch(model, prompts, 25) == [generate(model, p, 25)[0] for p in prompts]
 
 
+@pytest.mark.parametrize("prompts, options, message", [
+    ([[1, 2]], {"temperature": -1.0}, r"temperature=-1.0; use 0 \(greedy\) or more"),
+    ([[1, 2]], {"temperature": float("nan")}, r"temperature=nan"),
+    ([[1, 2]], {"temperature": 1.0, "top_k": 0}, r"top_k=0; use 1 or more, or None for every token"),
+    ([[1, 2]], {"max_new_tokens": -3}, r"max_new_tokens=-3; use 0 or more"),
+    ([[1, 2], []], {}, r"prompts must be one or more non-empty token lists"),
+    ([], {}, r"prompts must be one or more non-empty token lists"),
+    ([[1, 300]], {}, r"prompt token ids must be in \[0, 300\) \(model.vocab_size=300\)"),
+])
+def test_arguments_outside_their_range_are_refused_by_name(prompts, options, message):
+    """A negative temperature would sample the least likely tokens; the others would fail deep inside torch."""
+    with pytest.raises(ValueError, match=message):
+        generate_batch(trained_like_model(**ARMS["alpha=1"]), prompts, **{"max_new_tokens": 5, **options})
+
+
 def test_full_recomputation_refuses_padded_prompts():
     with pytest.raises(ValueError, match="use_cache=False needs prompts of one length"):
         generate_batch(trained_like_model(**ARMS["alpha=1"]), [[1, 2], [3]], 5, use_cache=False)

@@ -86,10 +86,11 @@ def test_memory_model_predicts_the_presets_and_names_a_batch_that_fits():
     with torch.device("meta"):
         d12 = GPT(GPTConfig(sequence_len=2048, vocab_size=32768, n_layer=12, n_head=12, n_embd=768, xsa=XSASettings()))
     # The measured d12 figures (bench/memory_model.py): eager 85.3 GB, compiled 55.2 GB at 32 sequences.
-    assert predicted_peak_bytes(d12, 32, compiled=False) / 1e9 == pytest.approx(85.3, rel=0.03)
-    assert predicted_peak_bytes(d12, 32, compiled=True) / 1e9 == pytest.approx(55.2, rel=0.03)
+    assert predicted_peak_bytes(d12, 32, compiled=False, muon=True) / 1e9 == pytest.approx(85.3, rel=0.03)
+    assert predicted_peak_bytes(d12, 32, compiled=True, muon=True) / 1e9 == pytest.approx(55.2, rel=0.03)
     h100 = 80e9
-    batch = fitting_batch_size(d12, h100, compiled=False, tokens_per_batch_unit=2048, total_batch_tokens=524288)
+    batch = fitting_batch_size(d12, h100, compiled=False, tokens_per_batch_unit=2048, total_batch_tokens=524288,
+                               muon=True)
     assert batch == 16 and 524288 % (batch * 2048) == 0  # the largest divisor of the 256-sequence batch under 80 GB
     message = memory_warning(d12, 32, False, True, h100, "NVIDIA H100 80GB HBM3", 2048, 524288)
     assert message.startswith("predicted peak memory 87 GB (eager, train.device_batch_size=32) "

@@ -3,6 +3,7 @@ file named in the code, configs or docs that is not there."""
 
 import re
 import subprocess
+import sys
 
 from tests.conftest import REPO
 
@@ -66,3 +67,12 @@ def test_every_documented_python_signature_is_the_code_s():
         actual = [("**" if p.kind is p.VAR_KEYWORD else "*" if p.kind is p.VAR_POSITIONAL else "") + p.name
                   + ("" if p.default is p.empty else f"={p.default!r}") for p in signature.parameters.values()]
         assert documented == actual, f"{file} documents {name}({', '.join(documented)}); the code has {signature}"
+
+
+def test_the_model_and_optimizer_import_neither_hydra_nor_the_command_line_layer():
+    """They read the schema's typed settings; the preflight, its checks and Hydra are the entry points' business."""
+    probe = ("import sys, xsa_exp.model, xsa_exp.optim, xsa_exp.optim.schedule; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'hydra' or m.startswith(("
+             "'xsa_exp.config.preflight', 'xsa_exp.config.checks', 'xsa_exp.config.keys'))))")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

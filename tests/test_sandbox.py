@@ -55,7 +55,7 @@ check(has_close_elements)
 
 
 def run(program: str, **kwargs) -> sandbox.ExecutionResult:
-    return run_program(textwrap.dedent(program), **{"timeout_s": 3.0, **kwargs})
+    return run_program(textwrap.dedent(program), **{"timeout_s": 3.0, "memory_mb": 1024, **kwargs})
 
 
 def guard(program: str, **kwargs) -> sandbox.ExecutionResult:

@@ -156,7 +156,7 @@ def test_the_compiled_training_forward_is_one_graph_without_recompiles_across_up
     torch._dynamo.reset()
     counters.clear()
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    module = LanguageModel(model, cfg.optim, None, total_steps=10, compile=True)
+    module = LanguageModel(model, cfg.optim, None, total_steps=10, run_config=None, max_skipped_steps=0, compile=True)
     optimizer = MuonAdamW(build_param_groups(model, cfg.optim, None, compiled=False))
     batch = torch.randint(0, 256, (2, 257))
     losses = []

@@ -6,8 +6,6 @@ there is touched; run_dir.py names its files.
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 from contextlib import nullcontext
 from pathlib import Path
@@ -17,7 +15,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp import run_dir as rd
-from xsa_exp.config.schema import data_settings
+from xsa_exp.config.schema import ChatCoreConfig, EvaluateConfig, SftDataConfig, data_settings
 from xsa_exp.console import quiet_libraries, wandb_offline
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.errors import UserError
@@ -33,11 +31,10 @@ from xsa_exp.run_dir import (
     LoadedRun,
     eval_summary,
     load_trained,
-    new_eval_dir,
     trained_precision,
-    write_summary,
 )
 from xsa_exp.training.host import keep_freed_host_memory
+from xsa_exp.write_failures import WriteFailed, cause_and_fix, write_failure
 
 
 def evaluate(cfg: DictConfig) -> Path | None:
@@ -45,12 +42,14 @@ def evaluate(cfg: DictConfig) -> Path | None:
     (WORLD_SIZE > 1) the processes share the validation rows, CORE's examples and ChatCORE's batches, each result
     the one process's (bpb to rounding: its rows are batched differently), and rank 0 writes it."""
     quiet_libraries()
-    options = cfg.eval
+    settings: EvaluateConfig = OmegaConf.to_object(cfg)
+    options = settings.eval
     metrics = list(options.metrics)  # checked by the preflight (xsa_exp/config/checks.py)
-    rank, world_size, device = join_process_group(cfg.device)
+    rank, world_size, device = join_process_group(settings.device)
     if device.type == "cpu":
         keep_freed_host_memory()
-    run = load_trained(cfg.run)
+    run = load_trained(settings.run)
+    rd.check_eval_writable(run.run_dir)  # before the work whose results it keeps
     # ChatCORE reads some of its tasks from the bundle too, but runs (with those listed as missing) without it.
     bundle = require_bundle(options.bundle_dir, "CORE", "drop core from eval.metrics") if "core" in metrics \
         else resolve_bundle_dir(options.bundle_dir)
@@ -90,12 +89,17 @@ def evaluate(cfg: DictConfig) -> Path | None:
         torch.distributed.destroy_process_group()
     if rank != 0:
         return None
-    out_dir = new_eval_dir(run.run_dir, run.checkpoint, run.step)  # at the end: a failed evaluation leaves none
-    for name, rows in files.items():
-        write_rows(out_dir / name, rows)
-    write_summary(out_dir, summary)
-    print_table(summary, out_dir)
-    if cfg.wandb:
+    print_table(summary)
+    try:  # at the end: a failed evaluation leaves no folder
+        out_dir = rd.write_evaluation(run.run_dir, run.checkpoint, run.step, files, summary)
+    except Exception as e:
+        if (failure := write_failure(e, run.run_dir)) is None:
+            raise
+        cause, fix = cause_and_fix(failure)
+        raise WriteFailed(f"{cause} while writing {failure.written_file}; the results printed above were not kept; "
+                          f"{fix} and evaluate again") from None
+    print(f"results: {out_dir}")
+    if settings.wandb:
         log_to_wandb(c, run, summary)
     return out_dir
 
@@ -154,17 +158,17 @@ def forward_context(precision: str, device: torch.device):
                     "bf16-mixed or 16-mixed")
 
 
-def chatcore(run: LoadedRun, cfg: DictConfig, bundle: Path, rank: int, world_size: int,
+def chatcore(run: LoadedRun, settings: ChatCoreConfig, bundle: Path, rank: int, world_size: int,
              say) -> tuple[dict[str, float], dict]:
     """ChatCORE (or "ChatCORE k/5") and per-task accuracies, and by file name chatcore.json's record (with the
     sandbox mode HumanEval ran in, None without HumanEval) and the rows per task and per example; tasks without data
     are named, not fatal."""
-    c = run.config
-    if c.stage_name != "sft":
-        say(f"note: {run.run_dir} is a {c.get('stage_name', 'base')} run; ChatCORE measures a chat (stage=sft) model")
-    tool_use = cfg.tool_use if cfg.tool_use is not None else bool(c.data.get("gsm8k_tool_calls", False))
-    result = evaluate_chat(run.model, run.tokenizer, bundle, cfg.mmlu, cfg.max_per_task, cfg.max_new_tokens, tool_use,
-                           cfg.batch_size, cfg.humaneval_timeout_s, cfg.humaneval_memory_mb,
+    if run.config.stage_name != "sft":
+        say(f"note: {run.run_dir} is a {run.config.stage_name} run; ChatCORE measures a chat (stage=sft) model")
+    data = data_settings(run.config.data)
+    tool_use = settings.tool_use if settings.tool_use is not None else \
+        isinstance(data, SftDataConfig) and data.gsm8k_tool_calls
+    result = evaluate_chat(run.model, run.tokenizer, bundle, settings, tool_use,
                            progress=lambda t: say(f"  ChatCORE {t.task:<14} acc {t.accuracy:.4f} ({t.correct}/{t.n}) "
                                                   f"centered {t.centered:+.4f}  {t.seconds:.0f}s", flush=True),
                            rank=rank, world_size=world_size)
@@ -176,31 +180,17 @@ def chatcore(run: LoadedRun, cfg: DictConfig, bundle: Path, rank: int, world_siz
         raise UserError(f"ChatCORE has no task data: {'; '.join(result.missing.values())}; set eval.bundle_dir "
                         "(ARC, GSM8K, HumanEval) and eval.chatcore.mmlu.data_files, or drop chatcore from eval.metrics")
     info = {"name": result.name, "n_tasks": len(result.tasks), "missing": result.missing, "tool_use": tool_use,
-            "max_per_task": cfg.max_per_task, "bundle": str(bundle), "sandbox": result.sandbox}
+            "max_per_task": settings.max_per_task, "bundle": str(bundle), "sandbox": result.sandbox}
     scores = {result.name: result.score, **{f"chat/{t.task}": t.accuracy for t in result.tasks.values()}}
     return scores, {rd.CHATCORE_TASKS: [vars(t) for t in result.tasks.values()], rd.CHATCORE_EXAMPLES: result.examples,
                     rd.CHATCORE_INFO: info}
 
 
-def write_rows(path: Path, rows: list[dict] | dict) -> None:
-    """A results file by its name: .csv (rows with the same keys), .jsonl (a row a line) or .json (one record)."""
-    if path.suffix == ".json":
-        path.write_text(json.dumps(rows, indent=1))
-    elif path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    else:
-        with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-
-
-def print_table(summary: dict, out_dir: Path) -> None:
+def print_table(summary: dict) -> None:
     print(f"\n{summary['run']}  (step {summary['step']}, {summary['precision']})")
     for name, value in summary["metrics"].items():
         scope = rd.describe_val_scope(summary["val_scope"]) if name == "val/bpb" else ""
         print(f"  {name:<28}{value:>10.4f}" + (f"  ({scope})" if scope else ""))
-    print(f"results: {out_dir}")
 
 
 def log_to_wandb(config: DictConfig, run: LoadedRun, summary: dict) -> None:

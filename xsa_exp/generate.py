@@ -38,6 +38,7 @@ def generate_batch(model: GPT, prompts: list[list[int]], max_new_tokens: int, te
     """The continuation of each prompt (without the prompt), each ending before its first stop token.
     With tool_use (the run's tokenizer) calculator calls are answered; without, they are plain tokens.
     use_cache=False recomputes the whole sequence every step (a check of the cache; equal-length prompts)."""
+    check_arguments(model, prompts, max_new_tokens, temperature, top_k)
     width = max(map(len, prompts))
     if width + max_new_tokens > model.config.sequence_len:
         raise ValueError(f"prompt of {width} + {max_new_tokens} new tokens exceeds "
@@ -71,6 +72,23 @@ def generate_batch(model: GPT, prompts: list[list[int]], max_new_tokens: int, te
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)
             logits = (model(next_token[:, None], kv_cache=cache) if use_cache else model(tokens))[:, -1]
     return outputs
+
+
+def check_arguments(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                    top_k: int | None) -> None:
+    """ValueError naming the argument and what it accepts: a negative temperature would sample the least likely
+    tokens, and the others fail deep inside torch."""
+    vocab = model.config.vocab_size
+    if not prompts or not all(prompts):
+        raise ValueError("prompts must be one or more non-empty token lists (num_samples >= 1)")
+    if any(not 0 <= t < vocab for p in prompts for t in p):
+        raise ValueError(f"prompt token ids must be in [0, {vocab}) (model.vocab_size={vocab})")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens}; use 0 or more")
+    if not temperature >= 0:
+        raise ValueError(f"temperature={temperature}; use 0 (greedy) or more")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k}; use 1 or more, or None for every token")
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator) -> torch.Tensor:

@@ -27,14 +27,14 @@ def bytes_per_token(n_layer: int, n_embd: int, vocab_size: int, compiled: bool) 
     return n_layer * n_embd * PER_LAYER_BYTES_PER_CHANNEL[mode] + vocab_size * FIXED_BYTES_PER_VOCAB_ENTRY[mode]
 
 
-def predicted_peak_bytes(model, device_batch_size: int, compiled: bool, muon: bool = True) -> float:
+def predicted_peak_bytes(model, device_batch_size: int, compiled: bool, muon: bool) -> float:
     c = model.config
     per_token = bytes_per_token(c.n_layer, c.n_embd, c.vocab_size, compiled)
     return state_bytes(model.param_counts(), muon) + device_batch_size * c.sequence_len * per_token
 
 
 def fitting_batch_size(model, capacity_bytes: float, compiled: bool, tokens_per_batch_unit: int,
-                       total_batch_tokens: int, muon: bool = True) -> int | None:
+                       total_batch_tokens: int, muon: bool) -> int | None:
     """The largest device_batch_size predicted to fit that still divides the global batch
     (total_batch_tokens a multiple of device_batch_size x tokens_per_batch_unit); None if not even 1 fits."""
     fits = [b for b in range(1, total_batch_tokens // tokens_per_batch_unit + 1)

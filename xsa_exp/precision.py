@@ -1,5 +1,5 @@
-"""trainer.precision beyond Lightning's own: bf16-compute, how nanochat trains in bf16 (since March 2026, replacing
-autocast). The token and value embeddings are stored in bf16, so the residual stream, its mixes and adds, the norms,
+"""trainer.precision beyond Lightning's own: bf16-compute, how nanochat trains in bf16, without
+autocast. The token and value embeddings are stored in bf16, so the residual stream, its mixes and adds, the norms,
 gates and attention all run in bf16; each matrix keeps an fp32 master weight and fp32 optimizer state and is cast to
 bf16 inside its matmul; the logits are cast to fp32 for the soft-cap and the loss. Under bf16-mixed (autocast) the
 weights and the residual stream stay fp32, and so do the ops autocast leaves alone (norms, adds, gates).

@@ -379,6 +379,10 @@ def load_trained(path: str | Path, map_location="cpu") -> LoadedRun:
         tokenizer = Tokenizer.load(run_dir / meta["tokenizer_dir"])
     except (FileNotFoundError, ValueError) as e:
         raise RunError(f"cannot load the run's tokenizer: {e}") from None
+    if tokenizer.vocab_size != config.model.vocab_size:  # a run trains with exactly its model's vocabulary
+        raise RunError(f"the tokenizer at {run_dir / meta['tokenizer_dir']} has {tokenizer.vocab_size} tokens and the "
+                       f"run's model {config.model.vocab_size}: it is not the one the run trained with; put the run's "
+                       "own tokenizer folder back")
     model.eval()
     return LoadedRun(run_dir, checkpoint_path, config, model, tokenizer, int(checkpoint.get("global_step", 0)))
 
@@ -421,6 +425,47 @@ def eval_summary(*, run: Path | str, checkpoint: Path | str, step: int, metrics:
 
 def write_summary(folder: Path, summary: dict) -> None:
     atomic_write_text(Path(folder) / SUMMARY, json.dumps(summary, indent=1))
+
+
+def check_eval_writable(run_dir: Path) -> None:
+    """Before an evaluation's work: its results go into <run>/eval/, which must take a file."""
+    folder = Path(run_dir) / EVAL
+    try:
+        folder.mkdir(exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise RunError(f"cannot write into {folder} ({e.strerror}), where evaluate.py keeps its results; make it "
+                       "writable or free space there, or evaluate a copy of the run") from None
+
+
+def write_evaluation(run_dir: Path, checkpoint: Path | str, step: int, files: dict[str, list | dict],
+                     summary: dict) -> Path:
+    """One evaluation's folder (new_eval_dir) with its results files and summary.json, whole or not at all: written
+    in a hidden folder beside it, then renamed into place, so a full disk leaves nothing half-written."""
+    staging = Path(tempfile.mkdtemp(dir=Path(run_dir) / EVAL, prefix=".writing-"))
+    try:
+        for name, rows in {**files, SUMMARY: summary}.items():
+            with writing(staging / name):
+                write_rows(staging / name, rows)
+        folder = new_eval_dir(run_dir, checkpoint, step)
+        os.replace(staging, folder)  # onto the empty folder just made for its name
+        return folder
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def write_rows(path: Path, rows: list[dict] | dict) -> None:
+    """A results file by its name: .csv (rows with the same keys), .jsonl (a row a line) or .json (one record)."""
+    if path.suffix == ".json":
+        path.write_text(json.dumps(rows, indent=1))
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    else:
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
 
 
 def evaluations(run_dir: Path) -> list[tuple[Path, dict]]:

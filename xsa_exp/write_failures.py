@@ -85,7 +85,13 @@ def kept_checkpoint(run_dir: Path) -> str:
         "there is no complete checkpoint yet (a relaunch starts from step 0)"
 
 
-def failure_line(failure: OSError, run_dir: Path) -> str:
+def cause_and_fix(failure: OSError) -> tuple[str, str]:
+    """What happened, where ("no space left on /scratch"), and what to do before trying again ("free space")."""
     cause, fix = CAUSES[failure.errno]
-    return (f"{cause.format(fs=mount_point(failure.written_file))} while writing {failure.written_file}; "
-            f"{kept_checkpoint(run_dir)}; {fix} and relaunch with resume=auto")
+    return cause.format(fs=mount_point(failure.written_file)), fix
+
+
+def failure_line(failure: OSError, run_dir: Path) -> str:
+    cause, fix = cause_and_fix(failure)
+    return (f"{cause} while writing {failure.written_file}; {kept_checkpoint(run_dir)}; "
+            f"{fix} and relaunch with resume=auto")

@@ -25,7 +25,6 @@ from dataclasses import MISSING as DC_MISSING
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 PRECISIONS = ("auto", "32-true", "32", "64-true", "bf16-compute", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
@@ -370,7 +369,8 @@ class ChatCoreConfig:
     tool_use: Optional[bool] = key(None, "calculator tool calls in answers; null = as the run's SFT data")
     batch_size: int = key(8, "prompts per forward pass and per generation batch", ge=1)
     humaneval_timeout_s: float = key(10, "per program, wall clock (and CPU)", gt=0)
-    humaneval_memory_mb: int = key(1024, "memory limit per program", ge=1)
+    humaneval_memory_mb: int = key(1024, "memory limit per program; Python and HumanEval's tests need about 24",
+                                   ge=64)
     mmlu: MmluConfig = field(default_factory=MmluConfig)
 
 
@@ -422,7 +422,9 @@ def data_settings(node) -> DataConfig:
 
 def register() -> None:
     """The one start-up point, called by hydra_plugins/xsa_exp_schema whenever Hydra starts (an entry point or the
-    compose API): the schema into Hydra's ConfigStore, and the resolvers conf/ uses."""
+    compose API): the schema into Hydra's ConfigStore, and the resolvers conf/ uses. Hydra is imported here, not at
+    the top: the model and optimizer read the schema's dataclasses without it."""
+    from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     from xsa_exp.arm import Arm

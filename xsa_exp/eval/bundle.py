@@ -5,8 +5,7 @@ Layout: ``core.yaml`` (CORE's ``icl_tasks``), ``eval_meta_data.csv`` (CORE's ran
 ``eval_data/<category>/<task>.jsonl`` (CORE's tasks; ChatCORE's ARC, GSM8K and HumanEval files).
 Location: eval.bundle_dir if set, else $XSA_EXP_EVAL_BUNDLE, else ~/.cache/xsa-exp/eval_bundle.
 
-``python -m xsa_exp.eval.bundle download [--dest DIR]`` fetches it (``python -m xsa_exp.eval.core download``
-is the same command under its older name).
+``python -m xsa_exp.eval.bundle download [--dest DIR]`` fetches it.
 """
 
 from __future__ import annotations
@@ -85,9 +84,14 @@ def download_bundle(dest: str | os.PathLike, url: str = BUNDLE_URL) -> Path:
         return dest
     if dest.exists() and any(dest.iterdir()):
         raise BundleError(f"{dest} exists but holds no core.yaml; remove it or point {BUNDLE_ENV} at a complete bundle")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # Work next to dest so the final rename stays on one filesystem (atomic).
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".eval_bundle-") as tmp:
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        # Work next to dest so the final rename stays on one filesystem (atomic).
+        staging = tempfile.TemporaryDirectory(dir=dest.parent, prefix=".eval_bundle-")
+    except OSError as e:
+        raise BundleError(f"cannot create {dest} ({e.strerror}); download the bundle into a folder that can be "
+                          f"written (--dest DIR or ${BUNDLE_ENV})") from None
+    with staging as tmp:
         archive, unpacked = Path(tmp) / "eval_bundle.zip", Path(tmp) / "unpacked"
         try:
             with urllib.request.urlopen(url, timeout=60) as response, open(archive, "wb") as f:
@@ -103,6 +107,9 @@ def download_bundle(dest: str | os.PathLike, url: str = BUNDLE_URL) -> Path:
         except zipfile.BadZipFile as e:
             raise BundleError(f"{url} did not yield a valid zip ({e}); "
                               f"place the unzipped bundle at {dest} yourself") from e
+        except OSError as e:  # a full disk
+            raise BundleError(f"could not unpack the bundle into {dest.parent} ({e.strerror}); free space there or "
+                              f"choose another --dest") from None
         root = unpacked / "eval_bundle" if (unpacked / "eval_bundle").is_dir() else unpacked
         if not (root / CORE_TASKS_FILE).is_file():
             raise BundleError(f"the archive from {url} holds no core.yaml; "
@@ -143,13 +150,13 @@ def check_fields(item: dict, fields: Sequence[str], kind: str, where: str) -> No
             raise BundleError(f"{where}: missing field '{key}' required by {kind} examples; fix or remove that line")
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m xsa_exp.eval.bundle") -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """`python -m xsa_exp.eval.bundle download [--dest DIR]`: fetch the public eval bundle."""
     import argparse
 
     from xsa_exp.errors import exit_on_user_error
 
-    parser = argparse.ArgumentParser(prog=prog, description="eval bundle tools")
+    parser = argparse.ArgumentParser(prog="python -m xsa_exp.eval.bundle", description="eval bundle tools")
     commands = parser.add_subparsers(dest="command", required=True)
     download = commands.add_parser("download", help=f"download {BUNDLE_URL}")
     download.add_argument("--dest", default=None,

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from xsa_exp.config.schema import ChatCoreConfig, MmluConfig
 from xsa_exp.data.chat import render_prompt
 from xsa_exp.data.conversations import LETTERS, multiple_choice_prompt
 from xsa_exp.data.sft import load_rows
@@ -88,7 +89,7 @@ class ChatCoreResult:
 # Data
 
 
-def load_task(task: str, bundle_dir: Path, mmlu_source) -> list[dict]:
+def load_task(task: str, bundle_dir: Path, mmlu_source: MmluConfig) -> list[dict]:
     """The task's examples in one shape: multiple choice {question, choices, gold}; GSM8K {question,
     answer}; HumanEval {prompt, test, entry_point}."""
     if task == "mmlu":
@@ -201,7 +202,7 @@ def humaneval_program(example: dict, reply: str, marker: str) -> str:
     return f"{code}\n\n{example['test']}\n\ncheck({example['entry_point']})\nprint()\nprint({marker!r})\n"
 
 
-def run_humaneval(example: dict, reply: str, timeout_s: float = 10.0, memory_mb: int = 1024,
+def run_humaneval(example: dict, reply: str, timeout_s: float, memory_mb: int,
                   sandbox: str | None = None) -> ExecutionResult:
     """The reply's program in the sandbox. Exit status 0 is not enough to pass: code that exits early (`exit()`,
     `sys.exit(0)`, a `unittest.main()` under `__main__`) exits 0 without running the tests, so the program must
@@ -217,32 +218,37 @@ def run_humaneval(example: dict, reply: str, timeout_s: float = 10.0, memory_mb:
 # The evaluation
 
 
-def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, mmlu_source, max_per_task: int | None = None,
-                  max_new_tokens: int = 512, tool_use: bool = False, batch_size: int = 8, timeout_s: float = 10.0,
-                  memory_mb: int = 1024, progress: Callable[[ChatTaskResult], None] | None = None, rank: int = 0,
+def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, settings: ChatCoreConfig, tool_use: bool,
+                  progress: Callable[[ChatTaskResult], None] | None = None, rank: int = 0,
                   world_size: int = 1) -> ChatCoreResult:
-    """Every task whose data is available; the others are listed in `missing` with the reason. Data that
-    is there but malformed raises DataError or BundleError (file and line). With world_size > 1 (every rank of an
-    initialized process group calling it) rank r answers batches r, r + R, ... and every rank gets the whole result:
-    each batch is the one process's, so the answers are too."""
+    """Every task whose data is available, as eval.chatcore's settings say (tool_use resolved from them and the
+    run); the others are listed in `missing` with the reason. Data that is there but malformed raises DataError or
+    BundleError (file and line). With world_size > 1 (every rank of an initialized process group calling it) rank r
+    answers batches r, r + R, ... and every rank gets the whole result: each batch is the one process's, so the
+    answers are too."""
     result = ChatCoreResult({}, {})
+    present = {}  # every task loaded before any is scored: a bad data file stops the evaluation before its work
+    for task in TASKS:
+        try:
+            examples = subset(load_task(task, bundle_dir, settings.mmlu), settings.max_per_task)
+        except TaskDataMissing as e:
+            result.missing[task] = str(e)
+            continue
+        if examples:
+            present[task] = examples
+        else:
+            result.missing[task] = "no examples"
+    if "humaneval" in present:
+        result.sandbox = isolation_mode()
     with evaluating(model):  # restored also when a task fails
-        for task in TASKS:
-            try:
-                examples = subset(load_task(task, bundle_dir, mmlu_source), max_per_task)
-            except TaskDataMissing as e:
-                result.missing[task] = str(e)
-                continue
-            if not examples:
-                result.missing[task] = "no examples"
-                continue
+        for task, examples in present.items():
             start = time.perf_counter()
-            if task == "humaneval":
-                result.sandbox = isolation_mode()
-            batches = [examples[i:i + batch_size] for i in range(0, len(examples), batch_size)]
+            size = settings.batch_size
+            batches = [examples[i:i + size] for i in range(0, len(examples), size)]
             records = [record for batch in batches[rank::world_size]
-                       for record in task_records(task, batch, model, tokenizer, max_new_tokens, tool_use, timeout_s,
-                                                  memory_mb, result.sandbox)]
+                       for record in task_records(task, batch, model, tokenizer, settings.max_new_tokens, tool_use,
+                                                  settings.humaneval_timeout_s, settings.humaneval_memory_mb,
+                                                  result.sandbox)]
             if world_size > 1:
                 shares = [None] * world_size
                 torch.distributed.all_gather_object(shares, records)

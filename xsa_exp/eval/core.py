@@ -372,9 +372,3 @@ def evaluate_core(model: torch.nn.Module, tokenizer: TokenEncoder, bundle_dir: s
             if progress is not None:
                 progress(result, n_done, len(present))
     return CoreResult.from_tasks(results, examples)
-
-
-if __name__ == "__main__":  # `python -m xsa_exp.eval.core download`: the older name of xsa_exp.eval.bundle's command
-    from xsa_exp.eval.bundle import main
-
-    main(prog="python -m xsa_exp.eval.core")

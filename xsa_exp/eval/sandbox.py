@@ -161,8 +161,7 @@ def isolation_mode() -> str:
     return mode
 
 
-def run_program(program: str, timeout_s: float = 10.0, memory_mb: int = 1024,
-                mode: str | None = None) -> ExecutionResult:
+def run_program(program: str, timeout_s: float, memory_mb: int, mode: str | None = None) -> ExecutionResult:
     """Run ``program`` (a complete Python source) contained as described above; it passes when the
     process exits 0 within ``timeout_s`` seconds of wall clock and ``memory_mb`` MiB of address space.
     ``mode`` is one of MODES; by default the strongest available (isolation_mode())."""

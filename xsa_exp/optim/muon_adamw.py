@@ -82,9 +82,8 @@ class AdamWGroup(TypedDict):
 GROUP_KEYS = {"muon": MuonGroup.__required_keys__, "adamw": AdamWGroup.__required_keys__}
 
 
-def orthogonalize(g: torch.Tensor, ns_steps: int = 5, coefficients: str = "quintic",
-                  dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Approximate U V^T of g = U S V^T by Newton-Schulz iterations, in bf16 by default; g is one matrix, or a
+def orthogonalize(g: torch.Tensor, ns_steps: int, coefficients: str, dtype: torch.dtype) -> torch.Tensor:
+    """Approximate U V^T of g = U S V^T by Newton-Schulz iterations in `dtype`; g is one matrix, or a
     stack of equal shape (batched matmuls, each matrix normalised on its own).
 
     The quintic path in bf16 uses the same operations and order as torch.optim.Muon, so a step matches

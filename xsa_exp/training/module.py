@@ -25,7 +25,7 @@ def update_guard(params, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 class LanguageModel(L.LightningModule):
     def __init__(self, model: GPT, optim_cfg: OptimConfig, transfer: Transfer | None, total_steps: int,
-                 run_config: dict | None = None, max_skipped_steps: int = 0, compile: bool = False):
+                 run_config: dict | None, max_skipped_steps: int, compile: bool):
         super().__init__()
         self.model = model
         # Compiled: the training forward (one shape, one graph) and Muon's step (one graph per shape group).

@@ -140,8 +140,8 @@ def train_as_writer(cfg: DictConfig, run_dir: Path, writer: RunDirWriter) -> Pat
     settings: TrainConfig = OmegaConf.to_object(cfg)  # typed: the model and optimizer take its parts
     model = GPT(GPTConfig.of(settings.model, settings.xsa))
     base = load_base_run(cfg, model)
-    datamodule = TextDataModule(settings.data, cfg.model.sequence_len, cfg.model.vocab_size,
-                                cfg.train.device_batch_size, cfg.seed, cfg.cache_dir,
+    datamodule = TextDataModule(settings.data, settings.model.sequence_len, settings.model.vocab_size,
+                                settings.train.device_batch_size, settings.seed, settings.cache_dir,
                                 tokenizer_dir=base and base.run_dir / rd.TOKENIZER,
                                 local_ranks=world_size(cfg.trainer) // cfg.trainer.num_nodes)
     arm = Arm.run_keys_of(cfg)
@@ -162,8 +162,8 @@ def train_as_writer(cfg: DictConfig, run_dir: Path, writer: RunDirWriter) -> Pat
 
     prepare(model, run["precision"])
     module = LanguageModel(model, settings.optim, transfer, run["max_steps"],
-                           OmegaConf.to_container(cfg, resolve=True), cfg.train.skip_nonfinite_steps,
-                           compile=cfg.train.compile)
+                           OmegaConf.to_container(cfg, resolve=True), settings.train.skip_nonfinite_steps,
+                           compile=settings.train.compile)
     loggers = build_loggers(cfg, run_dir, arm, run.get("wandb_id"))
     callbacks = build_callbacks(cfg, run_dir, model, writer)
     trainer = build_trainer(cfg, run, loggers, callbacks)
