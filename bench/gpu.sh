@@ -9,10 +9,12 @@
 #   bench/gpu_runs.py (its docstring): checks 40, d12 106, d24 166 (at 524,288 tokens per update: the docstring
 #     says why), the sync check 60 = 372 s, its imports and table           about 383 s   cap 400 s
 #   bench/xsa_overhead.py: two compiled d12 arms, 10 paired repeats         about 100 s   cap 120 s (it ended within
-#                                                                                          120 s on the H200)
-#   bench/core_throughput.py: skips at once without an eval bundle          about 5 s     cap 15 s
+#                                                                                          120 s on the H200; stopped
+#                                                                                          early, it prints the table
+#                                                                                          of the repeats it finished)
 #   bench/generation.py: 2 x 2,048 tokens (9 s measured) and its start      about 20 s    cap 30 s
-# In all about 520 s. It needs no eval bundle and no corpus.
+# In all about 515 s. It needs no eval bundle and no corpus (CORE's throughput, bench/core_throughput.py, needs the
+# bundle, which the device machine does not have). Each part gets SIGTERM at its limit and SIGKILL 10 s later.
 # On a machine with the CUDA build of torch and the project installed (README, "Install and test"):
 #   bash bench/gpu.sh                                   # writes gpu_bench.txt and gpu_runs.json
 # On the lent device machine (its image has torch and Lightning, not Hydra or rustbpe, and no network):
@@ -48,15 +50,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 # GPU's idle fraction; the exactness checks on the device; the synchronizing CUDA calls on the study's real path.
 # Its own budget ends 15 s before its limit: its imports come before that clock starts, the table after it ends.
 T=$(limit 400 130)
-timeout "$T" "$PYTHON" bench/gpu_runs.py --budget-s $((T - 15)) --out "$OUT/gpu_runs.json" \
+timeout -k 10 "$T" "$PYTHON" bench/gpu_runs.py --budget-s $((T - 15)) --out "$OUT/gpu_runs.json" \
     || echo "bench/gpu_runs.py: stopped at its $T s limit, or failed (above)"
 # The XSA overhead ratio alpha=1 / alpha=0 with its 95% interval (interleaved repeats, compiled, bf16).
-T=$(limit 120 35)
-timeout "$T" "$PYTHON" bench/xsa_overhead.py --mode gpu --depths d12 --repeats 10 \
+T=$(limit 120 30)
+timeout -k 10 "$T" "$PYTHON" bench/xsa_overhead.py --mode gpu --depths d12 --repeats 10 \
     || echo "bench/xsa_overhead.py: stopped at its $T s limit, or failed (above)"
-T=$(limit 15 30)
-timeout "$T" "$PYTHON" bench/core_throughput.py --depth d12 --device cuda --max-per-task 50 \
-    || echo "bench/core_throughput.py: stopped at its $T s limit, or failed (above)"   # skips without a bundle
 T=$(limit 30 0)
-timeout "$T" "$PYTHON" bench/generation.py --depth d12 --device cuda --new-tokens 256 --samples 8 \
+timeout -k 10 "$T" "$PYTHON" bench/generation.py --depth d12 --device cuda --new-tokens 256 --samples 8 \
     || echo "bench/generation.py: stopped at its $T s limit, or failed (above)"

@@ -57,7 +57,8 @@ expected to take, on one H100/H200, from the H200's figures in BENCHMARKS.md ("G
 one-graph forward, bf16-compute and the fused loss head, which should all shorten it): the checks with the corpus
 40 s; a compiled run START_S + COMPILE_S + (2 + 20 + 2 x 1.5) updates x UPDATE_S (d12 106 s, d24 166 s); the sync
 check 60 s; about 372 s in all. A run may use whatever is left but the sync check's 60 s; the sync check whatever
-is left; a part with under 60 s is recorded as skipped; a child stopped at its limit keeps what it had written.
+is left; a part with under 60 s is recorded as skipped; a child stopped at its limit, or by bench/gpu.sh's
+(SIGTERM), keeps what it had written, and after bench/gpu.sh's no part starts. A check that fails records its error.
 Prints a table for BENCHMARKS.md.
 """
 
@@ -202,6 +203,17 @@ def sync_check(common: list[str], smoke: bool, workdir: Path, env: dict, limit_s
             **run_child("sync_check", {"kind": "sync", "overrides": overrides}, workdir, env, limit_s)}
 
 
+class Stopped(BaseException):
+    """bench/gpu.sh's time limit (SIGTERM): the child in progress is stopped, keeping what it wrote, and no part
+    starts after it; the report is still written and printed. Not an Exception: a check's error handling must not
+    take it for the check's failure."""
+
+
+def stop(*_) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the report is written and printed after it
+    raise Stopped
+
+
 def run_child(name: str, spec: dict, workdir: Path, env: dict, limit_s: float) -> dict:
     """Runs one child (in its own process group, so that stopping it stops its data worker and compile workers too)
     to its end or to limit_s; returns what it wrote, its wall time, and why it stopped short if it did."""
@@ -211,18 +223,21 @@ def run_child(name: str, spec: dict, workdir: Path, env: dict, limit_s: float) -
     with open(log, "w") as out:
         child = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(spec)], cwd=REPO, env=env,
                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        stopped = None
         try:
             status = child.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
-            status = None
-        finally:  # also when this process is stopped (SIGTERM: main's handler exits)
+            status, stopped = None, f"at its limit of {limit_s:.0f} s"
+        except Stopped:
+            status, stopped = None, "at bench/gpu.sh's limit"
+        finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
             child.wait()
     figures = json.loads(result.read_text()) if result.exists() else {}
     figures["wall_s"] = round(time.monotonic() - started, 1)
-    if status is None:
-        figures["stopped"] = f"at its limit of {limit_s:.0f} s"
+    if stopped:
+        figures["stopped"] = stopped
     elif status != 0:
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
         figures["error"] = lines[-1] if lines else f"exit status {status}"
@@ -417,7 +432,9 @@ class SyncDebug(L.Callback):
 def profile_summary(events: list, updates: int, window_s: float, cuda: bool) -> dict:
     """Kernel time by family per update, its share, and the device's idle fraction over the window, from the
     profiler's raw events (_KinetoEvent: name(), activity_type(), start_ns(), end_ns(), ...)."""
-    marks = [(e.start_ns(), e.end_ns()) for e in events if e.name() == OPTIMIZER_MARK]
+    # the host's range (the profiler adds a device-side twin, gpu_user_annotation, that the launches do not follow)
+    marks = [(e.start_ns(), e.end_ns()) for e in events
+             if e.name() == OPTIMIZER_MARK and e.activity_type() != "gpu_user_annotation"]
     work = device_work(events, cuda)
     families, others = collections.Counter(), collections.Counter()
     for name, start, end, launched in work:
@@ -486,32 +503,49 @@ def exactness_checks(device: str, smoke: bool) -> dict:
         return m.eval()
 
     idx = torch.randint(0, shape["vocab_size"], (2, shape["sequence_len"]), device=device)
-    checks = {}
-    y, v = (torch.randn(2, 4, 64, 64, device=device, dtype=torch.bfloat16) for _ in range(2))
-    checks["op_alpha0_returns_y_bf16"] = bool(torch.equal(exclusive_self_attention(y, v, 0.0), y))
-    T = shape["sequence_len"]
-    q, k, v = (torch.randn(2, heads, T, 64, device=device, dtype=torch.bfloat16) for heads in (12, 4, 4))
-    window = T // 4
-    dense = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(torch.arange(T, device=device), T, window),
-                                           enable_gqa=True)
-    block_mask = window_block_mask(T, window, q.device) if device == "cuda" else None  # the training forward's
-    checks["window_attention_max_abs_diff_from_masked_sdpa_bf16"] = float(
-        (causal_attention(q, k, v, window, block_mask) - dense).abs().max())
-    checks.update(loss_head_differences(device, shape["n_embd"], shape["vocab_size"]))
     all_layers = list(range(shape["n_layer"]))
-    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
-        checks["alpha0_model_equals_standard_attention_bf16"] = bool(
-            torch.equal(model(alpha=0.0, layers=all_layers)(idx), model(layers=[])(idx)))
-        checks["alpha1_max_abs_cos_z_v_bf16"] = largest_cos_z_v(model(alpha=1.0, layers=all_layers), idx)
-    with torch.no_grad():
-        checks["alpha0_model_equals_standard_attention_bf16_compute"] = bool(torch.equal(
-            model("bf16-compute", alpha=0.0, layers=all_layers)(idx), model("bf16-compute", layers=[])(idx)))
-        checks["alpha1_max_abs_cos_z_v_bf16_compute"] = largest_cos_z_v(
-            model("bf16-compute", alpha=1.0, layers=all_layers), idx)
-    small = model(alpha=1.0, layers=all_layers)
-    prompt = idx[0, :16].tolist()
-    checks["kv_cache_greedy_equals_recomputation_fp32"] = \
-        generate(small, prompt, 32, num_samples=2) == generate(small, prompt, 32, num_samples=2, use_cache=False)
+    T = shape["sequence_len"]
+    window = T // 4
+
+    def op_alpha0():
+        y, v = (torch.randn(2, 4, 64, 64, device=device, dtype=torch.bfloat16) for _ in range(2))
+        return {"op_alpha0_returns_y_bf16": bool(torch.equal(exclusive_self_attention(y, v, 0.0), y))}
+
+    def windows():
+        q, k, v = (torch.randn(2, heads, T, 64, device=device, dtype=torch.bfloat16) for heads in (12, 4, 4))
+        dense = F.scaled_dot_product_attention(q, k, v, enable_gqa=True,
+                                               attn_mask=window_mask(torch.arange(T, device=device), T, window))
+        block_mask = window_block_mask(T, window, q.device) if device == "cuda" else None  # the training forward's
+        return {"window_attention_max_abs_diff_from_masked_sdpa_bf16":
+                float((causal_attention(q, k, v, window, block_mask) - dense).abs().max())}
+
+    def under_autocast():
+        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+            return {"alpha0_model_equals_standard_attention_bf16": bool(
+                        torch.equal(model(alpha=0.0, layers=all_layers)(idx), model(layers=[])(idx))),
+                    "alpha1_max_abs_cos_z_v_bf16": largest_cos_z_v(model(alpha=1.0, layers=all_layers), idx)}
+
+    def in_bf16_compute():
+        with torch.no_grad():
+            xsa0, standard = model("bf16-compute", alpha=0.0, layers=all_layers), model("bf16-compute", layers=[])
+            return {"alpha0_model_equals_standard_attention_bf16_compute": bool(torch.equal(xsa0(idx), standard(idx))),
+                    "alpha1_max_abs_cos_z_v_bf16_compute": largest_cos_z_v(
+                        model("bf16-compute", alpha=1.0, layers=all_layers), idx)}
+
+    def kv_cache():
+        small, prompt = model(alpha=1.0, layers=all_layers), idx[0, :16].tolist()
+        cached, recomputed = (generate(small, prompt, 32, num_samples=2, use_cache=c) for c in (True, False))
+        return {"kv_cache_greedy_equals_recomputation_fp32": cached == recomputed}
+
+    def loss_head():
+        return loss_head_differences(device, shape["n_embd"], shape["vocab_size"])
+
+    checks = {}
+    for check in (op_alpha0, windows, loss_head, under_autocast, in_bf16_compute, kv_cache):
+        try:  # one check that fails (a kernel this torch lacks) loses no other figure
+            checks.update(check())
+        except Exception as e:
+            checks[f"{check.__name__}_error"] = f"{type(e).__name__}: {e}"[:300]
     return checks
 
 
@@ -607,10 +641,13 @@ def print_report(figures: dict) -> None:
             print(f"{r['run']}: {note}")
         if "profile" in r:
             print(profile_line(r["run"], r["profile"]))
-    s = figures.get("sync_check", {})
-    outcome = s.get("skipped") or s.get("error") or s.get("stopped") or s.get("note") or \
-        f"{s.get('count')} synchronizing CUDA calls {s.get('sites', {})}"
-    print(f"sync check ({s.get('run')}), updates {s.get('updates_checked')}: {outcome}")
+    s = figures.get("sync_check")
+    if s is None:
+        print("sync check: not started (stopped before it)")
+    else:
+        outcome = s.get("skipped") or s.get("error") or s.get("stopped") or s.get("note") or \
+            f"{s.get('count')} synchronizing CUDA calls {s.get('sites', {})}"
+        print(f"sync check ({s.get('run')}), updates {s.get('updates_checked')}: {outcome}")
     for check, value in figures["checks"].items():
         print(f"{check}: {value}")
 
@@ -632,22 +669,38 @@ def main() -> None:
     if args.child:
         child(json.loads(args.child))
         return
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # bench/gpu.sh's time limit: stop the child too
+    signal.signal(signal.SIGTERM, stop)
     started = time.monotonic()
     settings = [f"trainer.precision={args.precision}", f"model.fused_loss_head={args.fused_loss_head}"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device != "cuda" and not args.smoke:
         sys.exit("bench/gpu_runs.py: no CUDA device visible to torch (use --smoke to test the script on a CPU)")
-    runs = []
     figures = {"date": str(date.today()), "device": torch.cuda.get_device_name() if device == "cuda" else "CPU",
                "memory_gb": torch.cuda.get_device_properties(0).total_memory / 1e9 if device == "cuda" else None,
                "torch": torch.__version__, "cuda": torch.version.cuda, "smoke": args.smoke,
-               "budget_s": args.budget_s, "settings": settings, "runs": runs,
-               "checks": exactness_checks(device, args.smoke)}
+               "budget_s": args.budget_s, "settings": settings, "runs": [], "checks": {}}
+    try:
+        measure_all(args, figures, settings, started)
+    except Stopped:
+        figures["stopped"] = "at bench/gpu.sh's limit"
+    args.out.write_text(json.dumps(figures, indent=1))
+    print_report(figures)
+
+
+def measure_all(args: argparse.Namespace, figures: dict, settings: list[str], started: float) -> None:
+    """The parts in order, gpu_runs.json rewritten after each; a part stopped by bench/gpu.sh ends them."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    figures["checks"] = exactness_checks(device, args.smoke)
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the checks' memory back to the device before the runs' children start
     args.out.write_text(json.dumps(figures, indent=1))
 
     def left() -> float:
         return args.budget_s - (time.monotonic() - started)
+
+    def done(part: dict) -> bool:
+        args.out.write_text(json.dumps(figures, indent=1))
+        return part.get("stopped") == "at bench/gpu.sh's limit"
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -659,13 +712,13 @@ def main() -> None:
                   "eval.core_every=0", "eval.diag_every=0"]
         for run in args.runs:
             limit = left() - SYNC_S
-            runs.append(throughput_run(run, common, args.smoke, workdir, env, limit) if limit >= MIN_PART_S
-                        else {"run": run, "skipped": "out of the time budget"})
-            args.out.write_text(json.dumps(figures, indent=1))
+            figures["runs"].append(throughput_run(run, common, args.smoke, workdir, env, limit)
+                                   if limit >= MIN_PART_S else {"run": run, "skipped": "out of the time budget"})
+            if done(figures["runs"][-1]):
+                raise Stopped
         figures["sync_check"] = (sync_check(common, args.smoke, workdir, env, left()) if left() >= MIN_PART_S
                                  else {"skipped": "out of the time budget"})
-        args.out.write_text(json.dumps(figures, indent=1))
-    print_report(figures)
+        done(figures["sync_check"])
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ import argparse
 import copy
 import random
 import resource
+import signal
 import statistics
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -48,6 +50,14 @@ from xsa_exp.training.module import LanguageModel, update_guard
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"alpha=0": ["xsa.alpha=0"], "alpha=1": ["xsa.alpha=1"], "learnable": ["xsa=learnable"]}
 H200_BF16_PEAK_FLOPS = 989e12  # dense bf16 tensor-core peak
+
+
+class Stopped(BaseException):
+    """SIGTERM (bench/gpu.sh's time limit): the table is printed for the repeats finished, then the script ends."""
+
+
+def stop(*_) -> None:
+    raise Stopped
 
 
 def compose_cfg(overrides: list[str]):
@@ -118,12 +128,19 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
     snapshots = {name: (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
                  for name, (_, model, opt, _) in arms.items()}
     names = list(arms)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            _, model, opt, sched = arms[name]
-            model.load_state_dict(snapshots[name][0])
-            opt.load_state_dict(snapshots[name][1])
-            times[name].append(timed(lambda: train_step(model, opt, sched, batch, autocast), device))
+    stopped = False
+    try:
+        for r in range(repeats):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                _, model, opt, sched = arms[name]
+                model.load_state_dict(snapshots[name][0])
+                opt.load_state_dict(snapshots[name][1])
+                times[name].append(timed(lambda: train_step(model, opt, sched, batch, autocast), device))
+    except Stopped:
+        repeats, stopped = min(map(len, times.values())), True
+        times = {name: t[:repeats] for name, t in times.items()}  # whole repeats only: every arm's ratio paired
+        if repeats == 0:
+            sys.exit(f"bench/xsa_overhead.py: stopped at its limit before the first repeat of {label}")
     tokens = batch_size * cfg.model.sequence_len
     base = times["alpha=0"]
     fpt = arms["alpha=0"][1].flops_per_token()
@@ -146,6 +163,8 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
         print(line)
     if device == "cpu":
         print(f"process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB (all arms)")
+    if stopped:
+        sys.exit(f"bench/xsa_overhead.py: stopped at its limit after {repeats} repeats of {label}")
     op_ms = xsa_op_time(cfg, batch_size, device, bf16) * cfg.model.n_layer * 1e3
     print(f"XSA op alone, forward + backward over {cfg.model.n_layer} layers: {op_ms:.2f} ms = "
           f"{op_ms / (statistics.median(base) * 1e3):.2%} of the median alpha=0 step")
@@ -262,6 +281,7 @@ def main() -> None:
     parser.add_argument("--keep-denormals", action="store_true",
                         help="CPU mode: leave denormal floats on (the default flushes them, see below)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, stop)
     torch.backends.cuda.matmul.allow_tf32 = True
     if args.mode == "cpu":
         # The arms train on one repeated batch and their weights drift apart; denormal floats that appear

@@ -31,6 +31,8 @@ def event(name: str, activity: str, start: int, end: int, correlation: int = 0, 
 def test_profile_summary_of_cuda_kernels(gpu_runs):
     events = [
         event(gpu_runs.OPTIMIZER_MARK, "user_annotation", 100 * MS, 200 * MS),
+        # its device-side twin, on the device's clock: launches in it are not the optimizer's
+        event(gpu_runs.OPTIMIZER_MARK, "gpu_user_annotation", 5 * MS, 40 * MS),
         event("cudaLaunchKernel", "cuda_runtime", 10 * MS, 11 * MS, correlation=1),
         event("sm90_xmma_gemm_bf16bf16_bf16f32", "kernel", 1000 * MS, 1400 * MS, correlation=1),
         event("cuLaunchKernel", "cuda_driver", 20 * MS, 21 * MS, correlation=2),
@@ -96,6 +98,7 @@ def test_smoke_runs_every_part(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert all(value is True for check, value in figures["checks"].items() if "equal" in check or "returns" in check)
+    assert not [check for check in figures["checks"] if check.endswith("_error")], figures["checks"]
     runs = {r["run"]: r for r in figures["runs"]}
     assert list(runs) == ["d12_compiled", "d24_compiled"]
     for r in runs.values():
@@ -113,3 +116,21 @@ def test_smoke_runs_every_part(tmp_path):
     sync = figures["sync_check"]
     assert sync["updates_checked"] == [3, 5, 6, 7, 9, 10, 11] and "error" not in sync and "stopped" not in sync
     assert "| d12_compiled | 4 x 4 | 1,024 | 3 |" in result.stdout and "d24_compiled profile" in result.stdout
+
+
+def test_a_stop_from_bench_gpu_sh_keeps_the_part_in_progress(gpu_runs, tmp_path):
+    """bench/gpu.sh's SIGTERM while a child runs (here a timer stands in for it): the child's process group is
+    stopped, and the part is returned as stopped by bench/gpu.sh, with what the child had written."""
+    import os
+    import signal
+
+    previous = signal.signal(signal.SIGALRM, gpu_runs.stop), signal.getsignal(signal.SIGTERM)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        figures = gpu_runs.run_child("d12_compiled", {"kind": "sync", "overrides": gpu_runs.SMOKE}, tmp_path,
+                                     dict(os.environ), limit_s=120)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+    assert figures["stopped"] == "at bench/gpu.sh's limit" and figures["wall_s"] < 60, figures

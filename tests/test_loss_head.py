@@ -68,6 +68,27 @@ def test_bf16_inputs_multiply_in_bf16_and_return_an_fp32_weight_gradient():
         torch.testing.assert_close(ours.float(), theirs.float(), rtol=2e-2, atol=2e-3)
 
 
+def test_the_bf16_head_compiles_with_inductor_and_equals_eager():
+    """The compiled training forward takes the chunked head; its fp32 sum of bf16 products is an op inductor does not
+    lower (add_product_fp32), on CUDA addmm's out_dtype overload, which inductor cannot compile."""
+    from torch._inductor.utils import run_and_get_code
+
+    x, weight, targets = inputs()
+    results = {}
+    for name in ("eager", "compiled"):
+        xg, wg = x.bfloat16().requires_grad_(), weight.clone().requires_grad_()
+        if name == "eager":
+            loss = linear_cross_entropy(xg, wg, targets, 15.0)
+        else:
+            loss, code = run_and_get_code(torch.compile(linear_cross_entropy, fullgraph=True), xg, wg, targets, 15.0)
+            # called as the op it is, whatever it runs on the device, never lowered by inductor
+            assert "torch.ops.xsa_exp.add_product_fp32" in "\n".join(code)
+        loss.backward()
+        results[name] = loss.detach(), xg.grad, wg.grad
+    for ours, theirs in zip(results["compiled"], results["eager"]):
+        torch.testing.assert_close(ours, theirs, rtol=1e-2, atol=1e-3)
+
+
 def test_the_model_with_the_fused_head_trains_as_with_the_unfused_one():
     """Same loss and gradients for every parameter through the whole model (stack switches, XSA, padding targets)."""
     grads = {}

@@ -69,9 +69,10 @@ def test_every_documented_python_signature_is_the_code_s():
         assert documented == actual, f"{file} documents {name}({', '.join(documented)}); the code has {signature}"
 
 
-def test_the_model_and_optimizer_import_neither_hydra_nor_the_command_line_layer():
+def test_the_model_optimizer_and_evaluations_import_neither_hydra_nor_the_command_line_layer():
     """They read the schema's typed settings; the preflight, its checks and Hydra are the entry points' business."""
-    probe = ("import sys, xsa_exp.model, xsa_exp.optim, xsa_exp.optim.schedule; "
+    probe = ("import sys, xsa_exp.model, xsa_exp.optim, xsa_exp.optim.schedule, xsa_exp.eval.bpb, xsa_exp.eval.core, "
+             "xsa_exp.eval.chat, xsa_exp.eval.diagnostics; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'hydra' or m.startswith(("
              "'xsa_exp.config.preflight', 'xsa_exp.config.checks', 'xsa_exp.config.keys'))))")
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)

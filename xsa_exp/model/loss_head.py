@@ -97,15 +97,27 @@ def chunked_losses_and_gradients(x: torch.Tensor, weight: torch.Tensor, targets:
 
 
 def add_product(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """total + a @ b, summed into fp32 total in place. A bf16 product cast and added instead would let inductor fuse
-    every chunk's addition into one kernel that holds all the chunks' products at once (32 x 50 MB at d12). So bf16 a
-    and b go through one matmul that sums into fp32: on CUDA torch's addmm with out_dtype, elsewhere (no kernel for
-    it) a matmul of their fp32 copies."""
+    """total + a @ b, summed into fp32 total. A bf16 product cast and added instead would let inductor fuse every
+    chunk's addition into one kernel that holds all the chunks' products at once (32 x 50 MB at d12). So bf16 a and b
+    go through one matmul that sums into fp32 (add_product_fp32)."""
     if a.dtype == torch.float32:
         return total.addmm_(a, b)
+    return add_product_fp32(total, a, b)
+
+
+@torch.library.custom_op("xsa_exp::add_product_fp32", mutates_args=())
+def add_product_fp32(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """fp32 total + a @ b of bf16 a and b: on CUDA torch's addmm with out_dtype, elsewhere (no kernel for it) a matmul
+    of their fp32 copies. An op of its own, opaque to the compiler: inductor has no lowering for addmm's out_dtype
+    overload (pytorch issue #163880) and fails to compile the training forward on it."""
     if a.is_cuda:
         return torch.addmm(total, a, b, out_dtype=torch.float32)
-    return total.addmm_(a.float(), b.float())
+    return torch.addmm(total, a.float(), b.float())
+
+
+@add_product_fp32.register_fake
+def _(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(total)
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
