@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 
 from xsa_exp.config.preflight import run_app
 from xsa_exp.config.sweep import name_wandb_group
-from xsa_exp.errors import exit_on_user_error
+from xsa_exp.errors import one_line_per_job
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -15,9 +15,10 @@ def main(cfg: DictConfig) -> None:
     from xsa_exp.training.run import train  # imported here so config errors stay fast
 
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode == RunMode.MULTIRUN:
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    if in_sweep:
         name_wandb_group(cfg, hydra_cfg.sweep.dir)
-    with exit_on_user_error():
+    with one_line_per_job(in_sweep):  # a failed sweep job is one line, and the sweep goes on
         train(cfg, hydra_cfg.runtime.output_dir)
 
 

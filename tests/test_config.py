@@ -128,6 +128,35 @@ def test_printing_hydras_node_resolved_names_the_command_that_does():
     assert printed.returncode == 0 and printed.stdout.startswith("# @package hydra.run\ndir: runs/"), printed.stderr
 
 
+LAUNCHES = {"torchrun": {"TORCHELASTIC_RUN_ID": "a1", "WORLD_SIZE": "8"}, "srun": {"SLURM_STEP_ID": "0",
+                                                                                    "SLURM_NTASKS": "4"}}
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHES))
+def test_the_ranks_of_torchrun_or_srun_must_be_given_one_folder(launcher, monkeypatch, tmp_path, capsys):
+    """Each process composes the command line; Hydra's default folder, by each one's clock, would differ."""
+    from tests.hydra_app import compose_base
+    from xsa_exp.config.preflight import Preflight, check_launch_shares_a_folder
+
+    for name, value in LAUNCHES[launcher].items():
+        monkeypatch.setenv(name, value)
+    processes = LAUNCHES[launcher].get("WORLD_SIZE") or LAUNCHES[launcher]["SLURM_NTASKS"]
+    for argv, key in ((["seed=1"], "hydra.run.dir"), (["-m", "seed=1,2"], "hydra.sweep.dir")):
+        with pytest.raises(ConfigError) as refused:
+            check_launch_shares_a_folder(compose_base("train", argv)[0], key)
+        assert str(refused.value) == (
+            f"this is one of {processes} processes started by {launcher}, and {key} is left to its default, which "
+            f"each process names by its own clock; give them all the same {key}=<folder> (with resume=auto, a requeue "
+            "continues it)")
+        check_launch_shares_a_folder(compose_base("train", [*argv, f"{key}={tmp_path / 'run'}"])[0], key)
+    with pytest.raises(SystemExit) as stopped:  # the preflight callback runs it
+        Preflight("train").on_run_start(compose_base("train", ["seed=1"])[0])
+    assert stopped.value.code == 2 and capsys.readouterr().err.startswith("config error: this is one of")
+    monkeypatch.setenv("WORLD_SIZE", "1")  # a one-process torchrun, or salloc's shell: no other process
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    check_launch_shares_a_folder(compose_base("train", ["seed=1"])[0], "hydra.run.dir")
+
+
 def test_a_gpu_run_on_a_machine_without_one_is_one_line(tmp_path, monkeypatch):
     """Where it would start: here, not on the SLURM nodes a submitted sweep runs on."""
     from tests.hydra_app import preflight

@@ -119,6 +119,38 @@ def test_a_wandb_sweep_continued_with_resume_auto_keeps_its_group(tmp_path):
             preflight("train", argv)
 
 
+def test_a_job_that_fails_in_one_line_does_not_end_the_sweep(tmp_path):
+    """A job's one-line error (here a malformed data file) is printed as it happens and kept in its status.json; the
+    sweep's other jobs run (Hydra's own rule for a failing job), and the sweep ends on that line with exit status 2.
+    Under the joblib launcher, whose jobs run in loky workers: a streamed corpus's data loader worker starts there."""
+    import json
+    import random
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 7))) for _ in range(300)]
+    for folder in ("good", "bad"):  # each a training file and a validation file
+        (tmp_path / folder).mkdir()
+        for name, docs in (("a", 600), ("b", 50)):
+            (tmp_path / folder / f"{name}.jsonl").write_text("".join(
+                json.dumps({"text": " ".join(rng.choice(words) for _ in range(100))}) + "\n" for _ in range(docs)))
+    (tmp_path / "bad" / "a.jsonl").write_text('{"text": "one fine row"}\n{not json\n')
+    sweep = tmp_path / "sweep"
+    model = [o for o in SMALL if o.startswith(("logger", "model.", "train."))]
+    result = subprocess.run([sys.executable, "train.py", "-m", "hydra/launcher=joblib", "data=local",
+                             f"data.path={tmp_path / 'bad' / '*.jsonl'},{tmp_path / 'good' / '*.jsonl'}", *model,
+                             "train.max_steps=2", "eval.every=0", f"hydra.sweep.dir={sweep}"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    line = (f"error: cannot read {tmp_path / 'bad' / 'a.jsonl'}: line 2 is not valid JSON (Expecting property name "
+            "enclosed in double quotes at column 2); check that the file is readable and in its format, or change "
+            "data.path / data.val_path")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == (
+        f"{line} (the sweep's first failed job; its other jobs ran, and each failed job's status.json holds its "
+        "error: fix it and relaunch with resume=auto to run the failed jobs again)")
+    assert json.loads((sweep / "0" / "status.json").read_text())["status"] == "failed"
+    assert json.loads((sweep / "1" / "status.json").read_text())["status"] == "completed"
+
+
 def test_a_sweep_started_again_into_its_directory_is_refused_before_any_job(tmp_path):
     """Each job would refuse its own finished directory; the preflight refuses the whole sweep first, with one
     line, and touches nothing (a sweep relaunched by hand or by a queue script into the directory it filled)."""

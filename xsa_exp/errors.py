@@ -25,6 +25,27 @@ class ConfigError(UserError, ValueError):
     label = "config error"
 
 
+class JobFailed(Exception):
+    """A sweep job's UserError, passed on to Hydra as an Exception: Hydra records the job as failed and runs the
+    sweep's other jobs (a SystemExit would end the sweep), then raises the first one again at the sweep's end, where
+    the entry point prints it (xsa_exp/config/preflight.py, run_app)."""
+
+
+@contextmanager
+def one_line_per_job(in_sweep: bool) -> Iterator[None]:
+    """A run's UserError as exit_on_user_error's one line and exit status 2; a sweep job's printed as it happens,
+    then passed on as JobFailed, so that the sweep goes on with its other jobs."""
+    if not in_sweep:
+        with exit_on_user_error():
+            yield
+        return
+    try:
+        yield
+    except UserError as e:
+        print(f"{e.label}: {e}", file=sys.stderr)
+        raise JobFailed(f"{e.label}: {e}") from None
+
+
 @contextmanager
 def exit_on_user_error(label: str | None = None) -> Iterator[None]:
     """A UserError becomes one line on stderr, `<label>: <message>`, and exit status 2. The label is the

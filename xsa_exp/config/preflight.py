@@ -39,7 +39,7 @@ from xsa_exp.config.arithmetic import world_size
 from xsa_exp.config.checks import cuda_here, validate, validate_evaluate
 from xsa_exp.config.keys import allowed, bounds, fmt, leaves, type_name, unknown_key_message
 from xsa_exp.config.sweep import name_wandb_group, sweep_jobs
-from xsa_exp.errors import ConfigError, UserError, exit_on_user_error
+from xsa_exp.errors import EXIT_STATUS, ConfigError, JobFailed, UserError, exit_on_user_error
 
 
 class Preflight(Callback):
@@ -53,11 +53,15 @@ class Preflight(Callback):
         with stop_on_error():
             check_run(self.entry, config)
             check_output_folder(config, "hydra.run.dir")
+            if self.entry == "train":
+                check_launch_shares_a_folder(config, "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **kwargs) -> None:
         with stop_on_error():
             check_sweep(self.entry, sweep_configs(config, config_name or self.entry), config)
             check_output_folder(config, "hydra.sweep.dir")
+            if self.entry == "train":
+                check_launch_shares_a_folder(config, "hydra.sweep.dir")
 
 
 @contextmanager
@@ -116,6 +120,22 @@ def check_output_folder(cfg: DictConfig, key: str) -> None:
         raise ConfigError(f"{key}={value}: {existing} is a file, not a folder; choose another {key}")
 
 
+def check_launch_shares_a_folder(cfg: DictConfig, key: str) -> None:
+    """The processes of torchrun or srun each compose the command line: Hydra's default folder, named by each one's
+    own clock (${now:...}), would be another for each of them, and the ranks would wait for a lock in folders rank 0
+    never takes. (Lightning's own ranks are given rank 0's folder.)"""
+    if "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        launcher, processes = "torchrun", os.environ["WORLD_SIZE"]
+    elif "SLURM_STEP_ID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        launcher, processes = "srun", os.environ["SLURM_NTASKS"]
+    else:
+        return
+    if not any(o.startswith(f"{key}=") for o in as_written(cfg.hydra.overrides.hydra)):
+        raise ConfigError(f"this is one of {processes} processes started by {launcher}, and {key} is left to its "
+                          "default, which each process names by its own clock; give them all the same "
+                          f"{key}=<folder> (with resume=auto, a requeue continues it)")
+
+
 def sweep_configs(cfg: DictConfig, config_name: str, compose: Callable = hydra.compose) -> list[DictConfig]:
     """Each job's config as the launcher will compose it (the base config for a sweeper other than the basic one,
     which expands its jobs itself)."""
@@ -165,6 +185,10 @@ def run_app(main: Callable[[], None], config_name: str) -> None:
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     try:
         main()
+    except JobFailed as e:  # Hydra raises a sweep's first failed job again once every job has run
+        print(f"{e} (the sweep's first failed job; its other jobs ran, and each failed job's status.json holds its "
+              "error: fix it and relaunch with resume=auto to run the failed jobs again)", file=sys.stderr)
+        sys.exit(EXIT_STATUS)
     except (HydraException, OmegaConfBaseException) as e:
         with exit_on_user_error(label=ConfigError.label):
             if isinstance(e, InterpolationKeyError) and prints_hydra_node_resolved(sys.argv[1:]):

@@ -16,6 +16,7 @@ consumed, saved in checkpoints so a resumed run continues with the next row.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
@@ -167,7 +168,11 @@ class TextDataModule(L.LightningDataModule):
         # Pinned on CUDA: Lightning copies each batch with non_blocking=True, which overlaps the copy with the device's
         # work only from pinned memory (from pageable memory the host waits for the copy).
         pin = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
-        return DataLoader(batches, batch_size=None, num_workers=workers, pin_memory=pin)
+        # fork on Linux, as a plain process has it: a job of Hydra's joblib launcher runs in a loky worker, whose
+        # default context is loky's, which cannot start a data loader worker
+        context = "fork" if workers and sys.platform == "linux" else None
+        return DataLoader(batches, batch_size=None, num_workers=workers, pin_memory=pin,
+                          multiprocessing_context=context)
 
     def check_readers(self, readers: list[int]) -> None:
         """A stream's order depends on its readers (ranks x workers): a resumed run must keep them."""

@@ -295,9 +295,10 @@ class MuonAdamW(torch.optim.Optimizer):
 
     @staticmethod
     def _gather(mine: torch.Tensor, world: int) -> tuple[torch.Tensor, dist.Work]:
-        """Every rank's share of a shape group, in rank order, in one collective (asynchronous)."""
+        """Every rank's share of a shape group, in rank order, in one collective (asynchronous). Made contiguous:
+        a tall matrix's update is a transposed view, which NCCL refuses ("Tensors must be contiguous")."""
         gathered = torch.empty((world * mine.size(0), *mine.shape[1:]), dtype=mine.dtype, device=mine.device)
-        return gathered, dist.all_gather_into_tensor(gathered, mine, async_op=True)
+        return gathered, dist.all_gather_into_tensor(gathered, mine.contiguous(), async_op=True)
 
     def _compiled_start(self, group, params, owned, chunk, world) -> ShapeStep | None:
         p = params[0]
