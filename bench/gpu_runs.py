@@ -81,6 +81,7 @@ import time
 import warnings
 from datetime import date
 from pathlib import Path
+from typing import NamedTuple
 
 import lightning as L
 import torch
@@ -390,8 +391,9 @@ class Measure(L.Callback):
     def end_profiled(self) -> None:
         window_s = synchronized_time(self.device) - self.clock
         self.profiler.stop()
-        events = self.profiler.profiler.kineto_results.events()
-        self.figures["profile"] = profile_summary(events, PROFILED, window_s, self.device.type == "cuda")
+        trace = self.result.with_name(f"{self.result.stem}.trace.json")
+        self.profiler.export_chrome_trace(str(trace))
+        self.figures["profile"] = profile_summary(trace_events(trace), PROFILED, window_s, self.device.type == "cuda")
         self.write()
 
     def write(self) -> None:
@@ -429,12 +431,27 @@ class SyncDebug(L.Callback):
 
 # ---- the profiler's summary
 
-def profile_summary(events: list, updates: int, window_s: float, cuda: bool) -> dict:
-    """Kernel time by family per update, its share, and the device's idle fraction over the window, from the
-    profiler's raw events (_KinetoEvent: name(), activity_type(), start_ns(), end_ns(), ...)."""
+class TraceEvent(NamedTuple):
+    name: str
+    activity: str  # the trace's category: kernel, gpu_memcpy, cuda_runtime, cpu_op, user_annotation, ...
+    start_ns: int
+    end_ns: int
+    correlation: int  # a kernel's and its launch's, shared
+    thread: int | str
+
+
+def trace_events(path: Path) -> list[TraceEvent]:
+    """The profiler's events from its Chrome trace, which every torch version writes (its raw events' activity_type()
+    is torch 2.12's; the GPU machine's image has 2.11)."""
+    return [TraceEvent(e["name"], e.get("cat", ""), round(e["ts"] * 1e3), round((e["ts"] + e.get("dur", 0)) * 1e3),
+                       e.get("args", {}).get("correlation", -1), e.get("tid", 0))
+            for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+
+
+def profile_summary(events: list[TraceEvent], updates: int, window_s: float, cuda: bool) -> dict:
+    """Kernel time by family per update, its share, and the device's idle fraction over the window."""
     # the host's range (the profiler adds a device-side twin, gpu_user_annotation, that the launches do not follow)
-    marks = [(e.start_ns(), e.end_ns()) for e in events
-             if e.name() == OPTIMIZER_MARK and e.activity_type() != "gpu_user_annotation"]
+    marks = [(e.start_ns, e.end_ns) for e in events if e.name == OPTIMIZER_MARK and e.activity == "user_annotation"]
     work = device_work(events, cuda)
     families, others = collections.Counter(), collections.Counter()
     for name, start, end, launched in work:
@@ -458,15 +475,14 @@ def profile_summary(events: list, updates: int, window_s: float, cuda: bool) -> 
             "other_top": {name[:100]: ms(ns) for name, ns in others.most_common(3)}}
 
 
-def device_work(events: list, cuda: bool) -> list[tuple[str, int, int, int]]:
+def device_work(events: list[TraceEvent], cuda: bool) -> list[tuple[str, int, int, int]]:
     """(name, start, end, queued at) in ns of each GPU kernel, copy and fill, with the host time of its launch; on a
     CPU, of each leaf operator (one that calls no other), queued when it starts."""
     if cuda:
-        launched = {e.correlation_id(): e.start_ns() for e in events if e.activity_type() in LAUNCHES}
-        return [(e.name(), e.start_ns(), e.end_ns(), launched.get(e.correlation_id(), -1))
-                for e in events if e.activity_type() in DEVICE_WORK]
-    ops = sorted((e.start_thread_id(), e.start_ns(), -e.end_ns(), e.name()) for e in events
-                 if e.activity_type() == "cpu_op")
+        launched = {e.correlation: e.start_ns for e in events if e.activity in LAUNCHES}
+        return [(e.name, e.start_ns, e.end_ns, launched.get(e.correlation, -1))
+                for e in events if e.activity in DEVICE_WORK]
+    ops = sorted((str(e.thread), e.start_ns, -e.end_ns, e.name) for e in events if e.activity == "cpu_op")
     # sorted by thread, start, then the longest first: an operator's first callee, if any, comes right after it
     return [(name, start, -neg_end, start) for (thread, start, neg_end, name), after in zip(ops, [*ops[1:], None])
             if after is None or after[0] != thread or after[1] >= -neg_end]

@@ -6,7 +6,6 @@ import importlib
 import json
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,9 +22,8 @@ def gpu_runs(monkeypatch):
 
 
 def event(name: str, activity: str, start: int, end: int, correlation: int = 0, thread: int = 1):
-    """A stand-in for the profiler's _KinetoEvent."""
-    return SimpleNamespace(name=lambda: name, activity_type=lambda: activity, start_ns=lambda: start,
-                           end_ns=lambda: end, correlation_id=lambda: correlation, start_thread_id=lambda: thread)
+    """One event of the profiler's Chrome trace, as bench/gpu_runs.py reads it."""
+    return importlib.import_module("gpu_runs").TraceEvent(name, activity, start, end, correlation, thread)
 
 
 def test_profile_summary_of_cuda_kernels(gpu_runs):
