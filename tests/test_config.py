@@ -145,10 +145,14 @@ def test_the_ranks_of_torchrun_or_srun_must_be_given_one_folder(launcher, monkey
         with pytest.raises(ConfigError) as refused:
             check_launch_shares_a_folder(compose_base("train", argv)[0], key)
         assert str(refused.value) == (
-            f"this is one of {processes} processes started by {launcher}, and {key} is left to its default, which "
-            f"each process names by its own clock; give them all the same {key}=<folder> (with resume=auto, a requeue "
-            "continues it)")
-        check_launch_shares_a_folder(compose_base("train", [*argv, f"{key}={tmp_path / 'run'}"])[0], key)
+            f"this is one of {processes} processes started by {launcher}, and {key} is named by the clock, which each "
+            f"process reads for itself; give them all the same {key}=<folder> (with resume=auto, a requeue continues "
+            "it)")
+        for given in (f"{key}={tmp_path / 'run'}", f"++{key}={tmp_path / 'run'}"):
+            check_launch_shares_a_folder(compose_base("train", [*argv, given])[0], key)
+        with pytest.raises(ConfigError, match="is named by the clock"):  # a folder given with the clock in it
+            check_launch_shares_a_folder(compose_base("train", [*argv, f"{key}={tmp_path}/" + "${now:%H%M%S}"])[0],
+                                         key)
     with pytest.raises(SystemExit) as stopped:  # the preflight callback runs it
         Preflight("train").on_run_start(compose_base("train", ["seed=1"])[0])
     assert stopped.value.code == 2 and capsys.readouterr().err.startswith("config error: this is one of")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -35,10 +37,11 @@ def test_unreadable_newest_checkpoint_falls_back_with_a_warning(tmp_path):
     with pytest.warns(UserWarning):
         assert rd.find_checkpoint(tmp_path) == rd.step_checkpoint(tmp_path, 2)
     rd.step_checkpoint(tmp_path, 2).write_bytes(b"")
-    with pytest.warns(UserWarning, match="step000004.ckpt is unreadable .*; falling back to step000002.ckpt"), \
-            pytest.raises(rd.RunError, match=r"has no checkpoint that loads \(step000004.ckpt, step000002.ckpt: "
-                                             r"truncated, corrupt or unreadable\); restore"):
-        rd.find_checkpoint(tmp_path)
+    for look_up in (rd.find_checkpoint, rd.newest_checkpoint):  # loading a run, and resuming it
+        with pytest.warns(UserWarning, match="step000004.ckpt is unreadable .*; falling back to step000002.ckpt"), \
+                pytest.raises(rd.RunError, match=r"has no checkpoint that loads \(step000004.ckpt, step000002.ckpt: "
+                                                 r"truncated, corrupt or unreadable\); restore"):
+            look_up(tmp_path)
     for path in rd.checkpoints_newest_first(tmp_path):
         path.unlink()
     with pytest.raises(rd.RunError, match=r"has no checkpoints/\*.ckpt; was the run finished\?"):
@@ -104,4 +107,14 @@ def test_eval_folders_never_reuse_one_and_are_read_oldest_first(tmp_path):
     for folder, step in ((first, 10), (again, 10), (earlier, 5)):
         rd.write_summary(folder, rd.eval_summary(run=tmp_path, checkpoint=folder.name, step=step, metrics={"x": 1.0}))
     (rd.new_eval_dir(tmp_path, "final.ckpt", 10) / rd.SUMMARY).write_text("{cut")
+    staging = tmp_path / rd.EVAL / ".writing-x"  # a killed evaluate.py's, before its rename
+    staging.mkdir()
+    rd.write_summary(staging, rd.eval_summary(run=tmp_path, checkpoint="final.ckpt", step=10, metrics={"x": 2.0}))
     assert [f for f, _ in rd.evaluations(tmp_path)] == [earlier, first, again]
+    written = rd.write_evaluation(tmp_path, "checkpoints/final.ckpt", 12, {rd.CORE_TASKS: [{"task": "a", "acc": 0.5}]},
+                                  rd.eval_summary(run=tmp_path, checkpoint="final.ckpt", step=12, metrics={"x": 3.0}))
+    assert sorted(p.name for p in written.iterdir()) == [rd.CORE_TASKS, rd.SUMMARY]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert written.stat().st_mode & 0o777 == 0o777 & ~umask  # as any folder the user makes: others may read it
+    assert [f for f, _ in rd.evaluations(tmp_path)] == [earlier, first, again, written]

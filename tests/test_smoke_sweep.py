@@ -145,10 +145,42 @@ def test_a_job_that_fails_in_one_line_does_not_end_the_sweep(tmp_path):
             "data.path / data.val_path")
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.splitlines()[-1] == (
-        f"{line} (the sweep's first failed job; its other jobs ran, and each failed job's status.json holds its "
-        "error: fix it and relaunch with resume=auto to run the failed jobs again)")
+        f"{line} (the sweep's first failed job; its other jobs ran, each failed one printed its line above; once it is "
+        "fixed, relaunch with resume=auto to run the failed and unfinished jobs, or into a new hydra.sweep.dir if the "
+        "fix changes the config)")
     assert json.loads((sweep / "0" / "status.json").read_text())["status"] == "failed"
     assert json.loads((sweep / "1" / "status.json").read_text())["status"] == "completed"
+
+
+def test_a_failed_job_is_not_hidden_by_a_signal_that_stops_the_sweep_after_it(monkeypatch, capsys):
+    """Under the basic launcher a preemption signal ends a sweep with exit status 0 (training/preemption.py): a job
+    that failed before it still ends the command with its line and exit status 2."""
+    from xsa_exp import errors
+    from xsa_exp.config.preflight import run_app
+
+    monkeypatch.setattr(errors, "FAILED_JOBS", [])
+    monkeypatch.setattr("xsa_exp.config.preflight.FAILED_JOBS", errors.FAILED_JOBS)
+
+    def sweep():
+        with pytest.raises(errors.JobFailed), errors.one_line_per_job(in_sweep=True):
+            raise errors.UserError("cannot read a.jsonl: line 2 is not valid JSON")  # job 0
+        raise SystemExit(0)  # job 1's preemption hand-over
+
+    def stopped_sweep():
+        raise SystemExit(0)
+
+    with pytest.raises(SystemExit) as ended:
+        run_app(sweep, "train")
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: cannot read a.jsonl: line 2 is not valid JSON",
+        "error: cannot read a.jsonl: line 2 is not valid JSON (the sweep's first failed job, before a signal stopped "
+        "the sweep; once it is fixed, relaunch with resume=auto to run the failed and unfinished jobs, or into a new "
+        "hydra.sweep.dir if the fix changes the config)"]
+    errors.FAILED_JOBS.clear()
+    with pytest.raises(SystemExit) as ended:  # a sweep stopped with no job failed: status 0, as before
+        run_app(stopped_sweep, "train")
+    assert ended.value.code == 0
 
 
 def test_a_sweep_started_again_into_its_directory_is_refused_before_any_job(tmp_path):

@@ -25,6 +25,9 @@ class ConfigError(UserError, ValueError):
     label = "config error"
 
 
+FAILED_JOBS: list[str] = []  # the lines of this process's sweep jobs that failed, in order
+
+
 class JobFailed(Exception):
     """A sweep job's UserError, passed on to Hydra as an Exception: Hydra records the job as failed and runs the
     sweep's other jobs (a SystemExit would end the sweep), then raises the first one again at the sweep's end, where
@@ -43,7 +46,8 @@ def one_line_per_job(in_sweep: bool) -> Iterator[None]:
         yield
     except UserError as e:
         print(f"{e.label}: {e}", file=sys.stderr)
-        raise JobFailed(f"{e.label}: {e}") from None
+        FAILED_JOBS.append(f"{e.label}: {e}")
+        raise JobFailed(FAILED_JOBS[-1]) from None
 
 
 @contextmanager

@@ -301,7 +301,7 @@ def checkpoints_newest_first(run_dir: Path) -> list[Path]:
 
 def newest_checkpoint(run_dir: Path) -> Path | None:
     """The newest checkpoint that loads (see checkpoints_newest_first); an unreadable newer one is skipped with a
-    warning."""
+    warning. None where the run has none; RunError where it has some and none loads."""
     import torch
 
     candidates = checkpoints_newest_first(run_dir)
@@ -313,6 +313,10 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
             if previous is not None:
                 warnings.warn(f"checkpoint {path} is unreadable ({type(e).__name__}); falling back to {previous.name}",
                               UserWarning, stacklevel=2)
+    if candidates:
+        names = ", ".join(p.name for p in candidates)
+        raise RunError(f"run directory {run_dir} has no checkpoint that loads ({names}: truncated, corrupt or "
+                       "unreadable); restore its checkpoints from a copy, or train the run again in a new directory")
     return None
 
 
@@ -324,10 +328,6 @@ def find_checkpoint(path: Path) -> Path:
     if not path.is_dir():
         raise RunError(f"no such run directory or checkpoint: {path}")
     found = newest_checkpoint(path)
-    if found is None and (unreadable := checkpoints_newest_first(path)):
-        names = ", ".join(p.name for p in unreadable)
-        raise RunError(f"run directory {path} has no checkpoint that loads ({names}: truncated, corrupt or "
-                       "unreadable); restore its checkpoints from a copy, or train the run again in a new directory")
     if found is None:
         raise RunError(f"run directory {path} has no checkpoints/*.ckpt; was the run finished?")
     return found
@@ -442,7 +442,7 @@ def write_evaluation(run_dir: Path, checkpoint: Path | str, step: int, files: di
                      summary: dict) -> Path:
     """One evaluation's folder (new_eval_dir) with its results files and summary.json, whole or not at all: written
     in a hidden folder beside it, then renamed into place, so a full disk leaves nothing half-written."""
-    staging = Path(tempfile.mkdtemp(dir=Path(run_dir) / EVAL, prefix=".writing-"))
+    staging = new_directory(Path(run_dir) / EVAL / f".writing-{os.getpid()}")  # the umask's mode, as its final one
     try:
         for name, rows in {**files, SUMMARY: summary}.items():
             with writing(staging / name):
@@ -470,9 +470,12 @@ def write_rows(path: Path, rows: list[dict] | dict) -> None:
 
 def evaluations(run_dir: Path) -> list[tuple[Path, dict]]:
     """(folder, summary.json) of the run's evaluations, oldest first: by checkpoint step, then time. A summary
-    that cannot be read (an evaluation that crashed while writing) is left out."""
+    that cannot be read, or one in a hidden folder (write_evaluation's staging, left by a killed evaluate.py), is
+    left out."""
     found = []
     for summary_path in (Path(run_dir) / EVAL).glob(f"*/{SUMMARY}"):
+        if summary_path.parent.name.startswith("."):
+            continue
         try:
             summary = json.loads(summary_path.read_text())
         except (OSError, ValueError):

@@ -39,7 +39,10 @@ from xsa_exp.config.arithmetic import world_size
 from xsa_exp.config.checks import cuda_here, validate, validate_evaluate
 from xsa_exp.config.keys import allowed, bounds, fmt, leaves, type_name, unknown_key_message
 from xsa_exp.config.sweep import name_wandb_group, sweep_jobs
-from xsa_exp.errors import EXIT_STATUS, ConfigError, JobFailed, UserError, exit_on_user_error
+from xsa_exp.errors import EXIT_STATUS, FAILED_JOBS, ConfigError, JobFailed, UserError, exit_on_user_error
+
+RELAUNCH = ("once it is fixed, relaunch with resume=auto to run the failed and unfinished jobs, or into a new "
+            "hydra.sweep.dir if the fix changes the config")
 
 
 class Preflight(Callback):
@@ -130,9 +133,10 @@ def check_launch_shares_a_folder(cfg: DictConfig, key: str) -> None:
         launcher, processes = "srun", os.environ["SLURM_NTASKS"]
     else:
         return
-    if not any(o.startswith(f"{key}=") for o in as_written(cfg.hydra.overrides.hydra)):
-        raise ConfigError(f"this is one of {processes} processes started by {launcher}, and {key} is left to its "
-                          "default, which each process names by its own clock; give them all the same "
+    section, name = key.removeprefix("hydra.").split(".")
+    if "${now:" in str(as_written(cfg.hydra[section])[name]):
+        raise ConfigError(f"this is one of {processes} processes started by {launcher}, and {key} is named by the "
+                          "clock, which each process reads for itself; give them all the same "
                           f"{key}=<folder> (with resume=auto, a requeue continues it)")
 
 
@@ -186,8 +190,14 @@ def run_app(main: Callable[[], None], config_name: str) -> None:
     try:
         main()
     except JobFailed as e:  # Hydra raises a sweep's first failed job again once every job has run
-        print(f"{e} (the sweep's first failed job; its other jobs ran, and each failed job's status.json holds its "
-              "error: fix it and relaunch with resume=auto to run the failed jobs again)", file=sys.stderr)
+        print(f"{e} (the sweep's first failed job; its other jobs ran, each failed one printed its line above; "
+              f"{RELAUNCH})", file=sys.stderr)
+        sys.exit(EXIT_STATUS)
+    except SystemExit as e:  # a signal stopped the sweep (training/preemption.py) after a job had failed
+        if e.code not in (0, None) or not FAILED_JOBS:
+            raise
+        print(f"{FAILED_JOBS[0]} (the sweep's first failed job, before a signal stopped the sweep; {RELAUNCH})",
+              file=sys.stderr)
         sys.exit(EXIT_STATUS)
     except (HydraException, OmegaConfBaseException) as e:
         with exit_on_user_error(label=ConfigError.label):
