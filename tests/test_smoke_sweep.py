@@ -145,9 +145,9 @@ def test_a_job_that_fails_in_one_line_does_not_end_the_sweep(tmp_path):
             "data.path / data.val_path")
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.splitlines()[-1] == (
-        f"{line} (the sweep's first failed job; its other jobs ran, each failed one printed its line above; once it is "
-        "fixed, relaunch with resume=auto to run the failed and unfinished jobs, or into a new hydra.sweep.dir if the "
-        "fix changes the config)")
+        f"{line} (the sweep's first failed job; its other jobs ran, each failed one printing its line (under submitit, "
+        "into its job's log); once it is fixed, relaunch with resume=auto to run the failed and unfinished jobs, or "
+        "into a new hydra.sweep.dir if the fix changes the config)")
     assert json.loads((sweep / "0" / "status.json").read_text())["status"] == "failed"
     assert json.loads((sweep / "1" / "status.json").read_text())["status"] == "completed"
 

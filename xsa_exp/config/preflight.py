@@ -190,8 +190,8 @@ def run_app(main: Callable[[], None], config_name: str) -> None:
     try:
         main()
     except JobFailed as e:  # Hydra raises a sweep's first failed job again once every job has run
-        print(f"{e} (the sweep's first failed job; its other jobs ran, each failed one printed its line above; "
-              f"{RELAUNCH})", file=sys.stderr)
+        print(f"{e} (the sweep's first failed job; its other jobs ran, each failed one printing its line (under "
+              f"submitit, into its job's log); {RELAUNCH})", file=sys.stderr)
         sys.exit(EXIT_STATUS)
     except SystemExit as e:  # a signal stopped the sweep (training/preemption.py) after a job had failed
         if e.code not in (0, None) or not FAILED_JOBS:
