@@ -204,6 +204,9 @@ def sync_check(common: list[str], smoke: bool, workdir: Path, env: dict, limit_s
             **run_child("sync_check", {"kind": "sync", "overrides": overrides}, workdir, env, limit_s)}
 
 
+BY_GPU_SH = "at bench/gpu.sh's limit"  # a part's "stopped", where bench/gpu.sh's SIGTERM stopped it
+
+
 class Stopped(BaseException):
     """bench/gpu.sh's time limit (SIGTERM): the child in progress is stopped, keeping what it wrote, and no part
     starts after it; the report is still written and printed. Not an Exception: a check's error handling must not
@@ -230,7 +233,7 @@ def run_child(name: str, spec: dict, workdir: Path, env: dict, limit_s: float) -
         except subprocess.TimeoutExpired:
             status, stopped = None, f"at its limit of {limit_s:.0f} s"
         except Stopped:
-            status, stopped = None, "at bench/gpu.sh's limit"
+            status, stopped = None, BY_GPU_SH
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
@@ -696,16 +699,15 @@ def main() -> None:
                "torch": torch.__version__, "cuda": torch.version.cuda, "smoke": args.smoke,
                "budget_s": args.budget_s, "settings": settings, "runs": [], "checks": {}}
     try:
-        measure_all(args, figures, settings, started)
+        measure_all(args, figures, device, started)
     except Stopped:
-        figures["stopped"] = "at bench/gpu.sh's limit"
+        figures["stopped"] = BY_GPU_SH
     args.out.write_text(json.dumps(figures, indent=1))
     print_report(figures)
 
 
-def measure_all(args: argparse.Namespace, figures: dict, settings: list[str], started: float) -> None:
+def measure_all(args: argparse.Namespace, figures: dict, device: str, started: float) -> None:
     """The parts in order, gpu_runs.json rewritten after each; a part stopped by bench/gpu.sh ends them."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     figures["checks"] = exactness_checks(device, args.smoke)
     if device == "cuda":
         torch.cuda.empty_cache()  # the checks' memory back to the device before the runs' children start
@@ -716,16 +718,16 @@ def measure_all(args: argparse.Namespace, figures: dict, settings: list[str], st
 
     def done(part: dict) -> bool:
         args.out.write_text(json.dumps(figures, indent=1))
-        return part.get("stopped") == "at bench/gpu.sh's limit"
+        return part.get("stopped") == BY_GPU_SH
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         (workdir / "corpus").mkdir()
         write_corpus(workdir / "corpus", files=3, docs=300 if args.smoke else 3000)  # learns a 32,768-token BPE
         env = {**os.environ, "XSA_EXP_CACHE": str(workdir / "cache")}  # one tokenizer, learned by the first run
-        common = ["data=local", f"data.path={workdir / 'corpus'}", "data.tokenizer_chars=20000000", *settings,
-                  "stack=nanochat_2604", "optim.schedule.warmup_steps=0", "xsa.alpha=1", "logger=csv", "eval.every=0",
-                  "eval.core_every=0", "eval.diag_every=0"]
+        common = ["data=local", f"data.path={workdir / 'corpus'}", "data.tokenizer_chars=20000000",
+                  *figures["settings"], "stack=nanochat_2604", "optim.schedule.warmup_steps=0", "xsa.alpha=1",
+                  "logger=csv", "eval.every=0", "eval.core_every=0", "eval.diag_every=0"]
         for run in args.runs:
             limit = left() - SYNC_S
             figures["runs"].append(throughput_run(run, common, args.smoke, workdir, env, limit)

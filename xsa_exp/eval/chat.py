@@ -240,10 +240,10 @@ def evaluate_chat(model, tokenizer: Tokenizer, bundle_dir: Path, settings: ChatC
             result.missing[task] = "no examples"
     if "humaneval" in present:
         result.sandbox = isolation_mode()
+    size = settings.batch_size
     with evaluating(model):  # restored also when a task fails
         for task, examples in present.items():
             start = time.perf_counter()
-            size = settings.batch_size
             batches = [examples[i:i + size] for i in range(0, len(examples), size)]
             records = [record for batch in batches[rank::world_size]
                        for record in task_records(task, batch, model, tokenizer, settings.max_new_tokens, tool_use,
