@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 import torch
 
@@ -80,21 +82,60 @@ def test_flops_per_token_against_a_hand_count():
     assert d12.flops_per_token() == hand == 6 * (84_934_656 + 864 + 25_165_824) + 226_492_416
 
 
-def test_memory_model_predicts_the_presets_and_names_a_batch_that_fits():
-    from xsa_exp.memory import fitting_batch_size, memory_warning, predicted_peak_bytes
+def test_memory_model_predicts_the_presets_and_names_what_fits():
+    from xsa_exp.memory import fitting_batch_size, memory_warning, predicted_peak_bytes, state_bytes
+    from xsa_exp.precision import prepare
 
     with torch.device("meta"):
-        d12 = GPT(GPTConfig(sequence_len=2048, vocab_size=32768, n_layer=12, n_head=12, n_embd=768, xsa=XSASettings()))
-    # The measured d12 figures (bench/memory_model.py): eager 85.3 GB, compiled 55.2 GB at 32 sequences.
-    assert predicted_peak_bytes(d12, 32, compiled=False, muon=True) / 1e9 == pytest.approx(85.3, rel=0.03)
-    assert predicted_peak_bytes(d12, 32, compiled=True, muon=True) / 1e9 == pytest.approx(55.2, rel=0.03)
+        d12 = GPT(GPTConfig(sequence_len=2048, vocab_size=32768, n_layer=12, n_head=12, n_embd=768, xsa=XSASettings(),
+                            fused_loss_head=True))
+    fp32_state = state_bytes(d12, muon=True)
+    prepare(d12, "bf16-compute")  # the embeddings' weights, grads and AdamW moments in bf16: 8 bytes each, not 16
+    embeddings = d12.wte.weight.numel() + sum(e.weight.numel() for e in d12.value_embeds.values())
+    assert fp32_state - state_bytes(d12, muon=True) == 8 * embeddings
+
+    def peak_gb(compiled: bool, fused: bool) -> float:
+        return predicted_peak_bytes(d12, 32, "bf16-compute", compiled, True, fused) / 1e9
+
+    # bench/memory_model.py's own d12 figures (BENCHMARKS.md, "Memory per micro-batch token"): compiled 34.6 GB with
+    # the fused head, 49.4 with the full logits; eager 43.8 and 79.4
+    assert [peak_gb(True, True), peak_gb(True, False), peak_gb(False, True), peak_gb(False, False)] == pytest.approx(
+        [34.6, 49.4, 43.8, 79.4], rel=0.03)
+    assert predicted_peak_bytes(d12, 32, "bf16-true", True, True) is None  # no figures for it: no prediction
     h100 = 80e9
-    batch = fitting_batch_size(d12, h100, compiled=False, tokens_per_batch_unit=2048, total_batch_tokens=524288,
-                               muon=True)
-    assert batch == 16 and 524288 % (batch * 2048) == 0  # the largest divisor of the 256-sequence batch under 80 GB
-    message = memory_warning(d12, 32, False, True, h100, "NVIDIA H100 80GB HBM3", 2048, 524288)
-    assert message.startswith("predicted peak memory 87 GB (eager, train.device_batch_size=32) "
-                              "exceeds this NVIDIA H100")
-    assert "train.device_batch_size=16 fits" in message and "train.compile=true fits as it is" in message
-    assert memory_warning(d12, 32, True, True, h100, "NVIDIA H100", 2048, 524288) is None
-    assert memory_warning(d12, 32, False, True, 141e9, "NVIDIA H200", 2048, 524288) is None
+    assert fitting_batch_size(d12, h100, "bf16-compute", False, 2048, 524288, True) == 32
+    assert memory_warning(d12, 32, "bf16-compute", True, True, h100, "NVIDIA H100", 2048, 524288) is None
+    d12.config.fused_loss_head = False
+    message = memory_warning(d12, 64, "bf16-compute", True, True, h100, "NVIDIA H100 80GB HBM3", 2048, 524288)
+    assert message.startswith("predicted peak memory 98 GB (bf16-compute, compiled, train.device_batch_size=64) "
+                              "exceeds this NVIDIA H100 80GB HBM3's 80 GB; train.device_batch_size=32 fits")
+    assert "model.fused_loss_head=true fits as it is" in message and "train.compile=true" not in message
+    assert memory_warning(d12, 64, "bf16-compute", True, True, 141e9, "NVIDIA H200", 2048, 524288) is None
+
+
+def test_a_gpu_run_predicted_not_to_fit_says_so_before_it_starts(monkeypatch):
+    """What training calls on CUDA (no GPU here: its properties stand in), with the run's precision and settings."""
+    from types import SimpleNamespace
+
+    from tests.conftest import compose_config
+    from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
+    from xsa_exp.precision import prepare
+    from xsa_exp.training.run import warn_if_it_will_not_fit
+
+    cfg = compose_config("experiment=xsa_d24", "data.local_dir=/data")  # compiled, bf16-compute, the fused head
+    with torch.device("meta"):
+        model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
+    prepare(model, "bf16-compute")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    said = {}
+    for name, memory in (("NVIDIA H100 80GB HBM3", 80e9), ("NVIDIA A100-SXM4-40GB", 40e9)):
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda i, name=name, memory=memory: SimpleNamespace(total_memory=memory, name=name))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warn_if_it_will_not_fit(model, cfg, "bf16-compute")
+        said[name] = [str(w.message) for w in caught if "predicted peak memory" in str(w.message)]
+    assert said["NVIDIA H100 80GB HBM3"] == []  # bench/memory_model.py measured 52.2 GB at d24 (BENCHMARKS.md)
+    assert said["NVIDIA A100-SXM4-40GB"] == [
+        "predicted peak memory 51 GB (bf16-compute, compiled, train.device_batch_size=16) exceeds this "
+        "NVIDIA A100-SXM4-40GB's 40 GB; train.device_batch_size=8 fits (gradient accumulation keeps the global batch)"]

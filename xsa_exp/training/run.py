@@ -69,10 +69,11 @@ def resolve_precision(trainer_cfg: DictConfig, n_embd: int) -> tuple[str, str]:
     return "bf16-mixed", f"auto: CPU with native bf16 matmul and model.n_embd >= {CPU_BF16_MIN_WIDTH}"
 
 
-def warn_if_it_will_not_fit(model: GPT, cfg: DictConfig) -> None:
-    """Before training, one line if the predicted peak memory exceeds the GPU's (xsa_exp/memory.py)."""
+def warn_if_it_will_not_fit(model: GPT, cfg: DictConfig, precision: str) -> None:
+    """Before training, one line if the predicted peak memory exceeds the GPU's (xsa_exp/memory.py); the model in its
+    training precision."""
     device = torch.cuda.get_device_properties(torch.cuda.current_device())
-    message = memory_warning(model, cfg.train.device_batch_size, cfg.train.compile,
+    message = memory_warning(model, cfg.train.device_batch_size, precision, cfg.train.compile,
                              cfg.optim.matrix_algorithm == "muon", device.total_memory, device.name,
                              cfg.model.sequence_len * world_size(cfg.trainer), batch_tokens(cfg))
     if message:
@@ -152,8 +153,6 @@ def train_as_writer(cfg: DictConfig, run_dir: Path, writer: RunDirWriter) -> Pat
     # before the run's files are written: a run that fails this check leaves nothing that blocks its rerun
     check_schedule(run["max_steps"], cfg.optim.schedule.warmup_steps, cfg.optim.schedule.warmdown_frac)
     print_start(model, cfg, run, transfer)
-    if accelerator_is_cuda(cfg.trainer):
-        warn_if_it_will_not_fit(model, cfg)
     if resume_from is None:
         rank_zero_only(rd.set_aside_unfinished_logs)(run_dir)
         save_run_files(run_dir, cfg, run)
@@ -161,6 +160,8 @@ def train_as_writer(cfg: DictConfig, run_dir: Path, writer: RunDirWriter) -> Pat
         rank_zero_info(f"resuming from {resume_from}")
 
     prepare(model, run["precision"])
+    if accelerator_is_cuda(cfg.trainer):
+        warn_if_it_will_not_fit(model, cfg, run["precision"])
     module = LanguageModel(model, settings.optim, transfer, run["max_steps"],
                            OmegaConf.to_container(cfg, resolve=True), settings.train.skip_nonfinite_steps,
                            compile=settings.train.compile)
