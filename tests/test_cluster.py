@@ -105,6 +105,8 @@ def test_lightning_slurm_auto_requeue_is_off_under_slurm(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NAME", "train")
     (plugin,) = cluster_plugins()
     assert isinstance(plugin, SLURMEnvironment) and plugin.auto_requeue is False
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "a1")  # torchrun in a SLURM job: its ranks, not SLURM's tasks
+    assert cluster_plugins() == []
 
 
 @pytest.mark.parametrize("affinity, local_ranks, expected", [(16, 4, 4), (16, 32, 1), (4, 4, 4), (16, 1, 16)])
@@ -191,3 +193,33 @@ def test_a_slurm_sweep_without_a_device_count_is_refused_before_submission(tmp_p
                              f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and not sweep.exists()
     assert result.stderr.startswith("config error: trainer.devices=auto: submitit starts one process per device")
+
+
+def test_the_slurm_launcher_writes_one_task_per_gpu_and_ends_the_job_at_a_failed_rank(tmp_path, monkeypatch):
+    """hydra/launcher=slurm's settings through submitit's own sbatch writer, mapped as hydra-submitit-launcher maps
+    them: the tasks SLURM starts are the run's ranks, and a rank that fails ends the others (srun's
+    --kill-on-bad-exit), which NCCL would otherwise keep waiting for 30 minutes."""
+    import submitit
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from omegaconf import OmegaConf
+
+    from tests.hydra_app import compose_base
+
+    bin_dir = tmp_path / "bin"  # submitit looks for SLURM's srun before it writes anything
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    cfg, _ = compose_base("train", ["-m", "hydra/launcher=slurm", "trainer=gpu", "trainer.devices=8",
+                                    "trainer.num_nodes=2", "hydra.launcher.partition=gpu", "resume=auto",
+                                    f"hydra.sweep.dir={tmp_path}"])
+    params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    executor = submitit.AutoExecutor(cluster="slurm", folder=tmp_path, slurm_max_num_timeout=params["max_num_timeout"])
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()
+                                  if k not in ("_target_", "submitit_folder", "max_num_timeout")})
+    script = executor._executor._make_submission_file_text("python -u -m submitit.core._submit x", "uid")
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --signal=USR2@120", "#SBATCH --requeue", "export SLURM_KILL_BAD_EXIT=1"):
+        assert line in script.splitlines(), script
+    assert script.index("export SLURM_KILL_BAD_EXIT=1") < script.index("srun ")

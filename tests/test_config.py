@@ -128,8 +128,8 @@ def test_printing_hydras_node_resolved_names_the_command_that_does():
     assert printed.returncode == 0 and printed.stdout.startswith("# @package hydra.run\ndir: runs/"), printed.stderr
 
 
-LAUNCHES = {"torchrun": {"TORCHELASTIC_RUN_ID": "a1", "WORLD_SIZE": "8"}, "srun": {"SLURM_STEP_ID": "0",
-                                                                                    "SLURM_NTASKS": "4"}}
+LAUNCHES = {"torchrun": {"TORCHELASTIC_RUN_ID": "a1", "WORLD_SIZE": "8"}, "SLURM": {"SLURM_STEP_ID": "0",
+                                                                                     "SLURM_NTASKS": "4"}}
 
 
 @pytest.mark.parametrize("launcher", list(LAUNCHES))
@@ -157,8 +157,45 @@ def test_the_ranks_of_torchrun_or_srun_must_be_given_one_folder(launcher, monkey
         Preflight("train").on_run_start(compose_base("train", ["seed=1"])[0])
     assert stopped.value.code == 2 and capsys.readouterr().err.startswith("config error: this is one of")
     monkeypatch.setenv("WORLD_SIZE", "1")  # a one-process torchrun, or salloc's shell: no other process
-    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    monkeypatch.setenv("SLURM_JOB_NAME", "interactive")
     check_launch_shares_a_folder(compose_base("train", ["seed=1"])[0], "hydra.run.dir")
+
+
+@pytest.mark.parametrize("launch, overrides, message, fix", [
+    ({"TORCHELASTIC_RUN_ID": "a1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}, [],
+     "torchrun started 8 processes, 8 per node, but trainer.devices=1 and trainer.num_nodes=1 ask for 1, 1 per node",
+     ["trainer.devices=8", "trainer.num_nodes=1"]),
+    ({"TORCHELASTIC_RUN_ID": "a1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}, ["trainer.devices=4",
+                                                                                 "trainer.num_nodes=2"],
+     "torchrun started 8 processes, 8 per node, but trainer.devices=4 and trainer.num_nodes=2 ask for 8, 4 per node",
+     ["trainer.devices=8", "trainer.num_nodes=1"]),
+    ({"SLURM_NTASKS": "16", "SLURM_NNODES": "2", "SLURM_JOB_NAME": "train"}, ["trainer.devices=4"],
+     "SLURM started 16 processes, 8 per node, but trainer.devices=4 and trainer.num_nodes=1 ask for 4, 4 per node",
+     ["trainer.devices=8", "trainer.num_nodes=2"]),
+    ({"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train"}, ["trainer.devices=8"],  # sbatch --ntasks=1, then python
+     "SLURM started 1 process, 1 per node, but trainer.devices=8 and trainer.num_nodes=1 ask for 8, 8 per node",
+     ["trainer.devices=1", "trainer.num_nodes=1"]),
+])
+def test_the_processes_torchrun_or_slurm_started_must_be_the_runs_devices(launch, overrides, message, fix,
+                                                                          monkeypatch, tmp_path, capsys):
+    """Each of them is one rank on one device: another count would train copies of the run on one GPU, or one rank
+    with the batch of several."""
+    from tests.hydra_app import compose_base
+    from xsa_exp.config.preflight import Preflight, check_launch_matches_devices
+
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_JOB_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in launch.items():
+        monkeypatch.setenv(name, value)
+    run = [f"hydra.run.dir={tmp_path / 'run'}", "trainer=cpu", "train.total_batch_tokens=65536"]
+    with pytest.raises(SystemExit) as stopped:
+        Preflight("train").on_run_start(compose_base("train", [*run, *overrides])[0])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == f"config error: {message}; set {' '.join(fix)} (one process per device)\n"
+    check_launch_matches_devices(compose_base("train", [*run, *fix])[0])
+    if "SLURM_NTASKS" in launch:  # salloc's shell: Lightning starts the ranks itself, as many as the run asks for
+        monkeypatch.setenv("SLURM_JOB_NAME", "interactive")
+        check_launch_matches_devices(compose_base("train", [*run, *overrides])[0])
 
 
 def test_a_gpu_run_on_a_machine_without_one_is_one_line(tmp_path, monkeypatch):

@@ -30,10 +30,14 @@ PEAK_BF16_FLOPS = (("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12)
 
 
 def cluster_plugins() -> list:
-    """The Trainer's cluster environment: SLURM's without its auto-requeue where SLURM launched the run."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment
+    """The Trainer's cluster environment: SLURM's without its auto-requeue where SLURM launched the run. torchrun
+    inside a SLURM job gives the ranks itself (Lightning's own order tries it before SLURM): SLURM's would make each of
+    its processes rank 0 of the job's tasks."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
-    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+    if TorchElasticEnvironment.detect() or not SLURMEnvironment.detect():
+        return []
+    return [SLURMEnvironment(auto_requeue=False)]
 
 
 def export_submitit_local_ranks() -> None:

@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -58,6 +59,7 @@ class Preflight(Callback):
             check_output_folder(config, "hydra.run.dir")
             if self.entry == "train":
                 check_launch_shares_a_folder(config, "hydra.run.dir")
+                check_launch_matches_devices(config)
 
     def on_multirun_start(self, config: DictConfig, config_name: str | None = None, **kwargs) -> None:
         with stop_on_error():
@@ -123,21 +125,54 @@ def check_output_folder(cfg: DictConfig, key: str) -> None:
         raise ConfigError(f"{key}={value}: {existing} is a file, not a folder; choose another {key}")
 
 
+class Launch(NamedTuple):
+    launcher: str
+    processes: int
+    per_node: int
+
+
+def external_launch() -> Launch | None:
+    """Where torchrun or SLURM started this run's processes (Lightning then takes their ranks from it, and starts
+    none itself): who, how many, how many per node; None where Lightning starts the ranks."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        return Launch("torchrun", world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    # Lightning's SLURMEnvironment.detect(), without importing it: a job's tasks unless it is an interactive shell
+    if "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        tasks, nodes = int(os.environ["SLURM_NTASKS"]), int(os.environ.get("SLURM_NNODES", "1"))
+        return Launch("SLURM", tasks, int(os.environ.get("SLURM_NTASKS_PER_NODE", max(1, tasks // nodes))))
+    return None
+
+
 def check_launch_shares_a_folder(cfg: DictConfig, key: str) -> None:
     """The processes of torchrun or srun each compose the command line: Hydra's default folder, named by each one's
     own clock (${now:...}), would be another for each of them, and the ranks would wait for a lock in folders rank 0
     never takes. (Lightning's own ranks are given rank 0's folder.)"""
-    if "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        launcher, processes = "torchrun", os.environ["WORLD_SIZE"]
-    elif "SLURM_STEP_ID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-        launcher, processes = "srun", os.environ["SLURM_NTASKS"]
-    else:
+    launch = external_launch()
+    if launch is None or launch.processes == 1:
         return
     section, name = key.removeprefix("hydra.").split(".")
     if "${now:" in str(as_written(cfg.hydra[section])[name]):
-        raise ConfigError(f"this is one of {processes} processes started by {launcher}, and {key} is named by the "
-                          "clock, which each process reads for itself; give them all the same "
+        raise ConfigError(f"this is one of {launch.processes} processes started by {launch.launcher}, and {key} is "
+                          "named by the clock, which each process reads for itself; give them all the same "
                           f"{key}=<folder> (with resume=auto, a requeue continues it)")
+
+
+def check_launch_matches_devices(cfg: DictConfig) -> None:
+    """torchrun's or SLURM's processes are the run's ranks, one per device: a count other than trainer.devices x
+    trainer.num_nodes would train copies of the run on one GPU, or one rank with the others' share of the batch."""
+    launch = external_launch()
+    if launch is None:
+        return
+    nodes = int(cfg.trainer.num_nodes)
+    devices = world_size(cfg.trainer) // nodes
+    if (launch.processes, launch.per_node) != (devices * nodes, devices):
+        raise ConfigError(
+            f"{launch.launcher} started {launch.processes} process{'es' * (launch.processes != 1)}, "
+            f"{launch.per_node} per node, but "
+            f"trainer.devices={cfg.trainer.devices} and trainer.num_nodes={nodes} ask for {devices * nodes}, "
+            f"{devices} per node; set trainer.devices={launch.per_node} "
+            f"trainer.num_nodes={max(1, launch.processes // launch.per_node)} (one process per device)")
 
 
 def sweep_configs(cfg: DictConfig, config_name: str, compose: Callable = hydra.compose) -> list[DictConfig]:
