@@ -44,7 +44,7 @@ def bases(tmp_path, monkeypatch):
     shards = tmp_path / "shards"  # a local mirror of one training shard and the validation shard
     shards.mkdir()
     for name in ("shard_00000.parquet", "shard_06542.parquet"):
-        (shards / name).touch()
+        (shards / name).write_bytes(b"PAR1" * 3)  # what the preflight reads of a parquet file: its markers
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for name in ("a.jsonl", "b.jsonl"):

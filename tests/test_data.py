@@ -56,6 +56,38 @@ def test_a_tokenizer_written_anew_at_the_same_path_loads_as_written(tokenizer, t
         Tokenizer.load(tmp_path / "run" / "tokenizer")
 
 
+def test_the_tokenizer_trains_in_a_child_process_and_its_errors_come_back(tmp_path):
+    """rustbpe holds the GIL while it merges (minutes on ClimbMix): in a process of its own, this one's threads (the
+    run directory lock's heartbeat) go on. Its exceptions, and its death, reach the caller as they would here."""
+    import os
+    import signal
+
+    from xsa_exp.data.sources import DataError
+
+    def texts():  # read as they are learned from, as a stream is
+        (tmp_path / "pid").write_text(str(os.getpid()))
+        yield from TEXTS
+
+    trained, _ = load_or_train_tokenizer(tmp_path, "corpus-v300", 300, texts)
+    assert int((tmp_path / "pid").read_text()) != os.getpid()
+    assert trained.encode(TEXTS[1]) == Tokenizer.train(TEXTS, 300).encode(TEXTS[1])
+
+    def unreadable():
+        yield TEXTS[0]
+        raise DataError("cannot read a.jsonl: line 2 is not valid JSON; check that the file is readable")
+
+    with pytest.raises(DataError, match="^cannot read a.jsonl: line 2 is not valid JSON"):
+        load_or_train_tokenizer(tmp_path, "other-v300", 300, unreadable)
+
+    def killed():
+        yield TEXTS[0]
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    with pytest.raises(DataError, match=r"^the tokenizer's training process ended with exit status -9 "):
+        load_or_train_tokenizer(tmp_path, "other-v300", 300, killed)
+    assert not (tmp_path / "tokenizers" / "other-v300").exists()
+
+
 def test_tokenizer_cache_is_reused(tmp_path, monkeypatch):
     first, path = load_or_train_tokenizer(tmp_path, "corpus-v300", 300, lambda: TEXTS)
     monkeypatch.setattr(Tokenizer, "train", classmethod(lambda *a, **k: pytest.fail("retrained a cached tokenizer")))

@@ -54,13 +54,13 @@ def make_stand_ins(root: Path) -> dict[str, str]:
     """What a command's placeholders and paths stand for here, made under root."""
     mirror = root / "climbmix"
     mirror.mkdir()
-    for i in range(6543):  # ClimbMix's shard names; the preflight checks that each file is there
-        (mirror / f"shard_{i:05d}.parquet").touch()
+    for i in range(6543):  # ClimbMix's shard names; the preflight checks that each file is there, whole
+        (mirror / f"shard_{i:05d}.parquet").write_bytes(b"PAR1" * 3)
     jsonl = root / "jsonl"
     jsonl.mkdir()
     for name in ("a.jsonl", "b.jsonl"):
         (jsonl / name).write_text('{"content": "In the beginning"}\n')
-    return {"/data/climbmix": str(mirror), "~/.cache/nanochat/base_data": str(mirror),
+    return {"/data/climbmix": str(mirror), "~/.cache/nanochat/base_data_climbmix": str(mirror),
             "/data/*.jsonl": str(jsonl / "*.jsonl"), "<partition>": "gpu", "<date>": "2026-12-01", "<time>": "00-00-00",
             "<run or .ckpt>": "runs/2026-12-01/run", "$d": "runs/d24_sft/0"}
 

@@ -107,16 +107,19 @@ def reference(mirror, cache):
 # (1) the mirror: tokenizer budget, rows, the validation shard kept out of training
 
 def test_climbmix_mirror_trains_the_tokenizer_within_the_char_budget(mirror, tmp_path, monkeypatch):
-    seen = []
-    train = Tokenizer.train.__func__
+    from xsa_exp.data import tokenizer as tokenizer_module
 
-    def spy(cls, texts, vocab_size):
+    learn = tokenizer_module.learn_merges
+    texts_seen = tmp_path / "texts.json"  # written by the training process, a child of this one
+
+    def spy(texts, vocab_size):
         texts = list(texts)
-        seen.extend(texts)
-        return train(cls, texts, vocab_size)
+        texts_seen.write_text(json.dumps(texts))
+        return learn(texts, vocab_size)
 
-    monkeypatch.setattr(Tokenizer, "train", classmethod(spy))
+    monkeypatch.setattr(tokenizer_module, "learn_merges", spy)
     data = datamodule(climbmix_cfg(mirror, "data.tokenizer_chars=5000"), tmp_path)
+    seen = json.loads(texts_seen.read_text())
     assert sum(map(len, seen)) == 5000  # the corpus has more: the budget is used up exactly
     assert seen[0] == documents(0, 1, TRAIN_MARK)[0] and VAL_MARK not in "".join(seen)
     assert data.tokenizer.vocab_size == VOCAB and data.tokenizer_dir.name == data.tokenizer_key
@@ -251,6 +254,19 @@ def test_resuming_a_stream_with_other_readers_is_one_line_naming_the_fix(mirror,
             and "trainer.devices x trainer.num_nodes = 2" in str(e.value))
 
 
+def test_a_file_failing_in_a_data_loader_worker_is_one_line(mirror, cache, tmp_path):
+    """torch hands a worker's exception back as its type with "Caught ... Original Traceback" and the traceback as
+    its text: the line is still the error's own."""
+    for i in range(4):
+        (tmp_path / f"shard_{i:05d}.parquet").write_bytes((mirror / f"shard_{i:05d}.parquet").read_bytes())
+    data = datamodule(climbmix_cfg(tmp_path, "data.num_workers=1"), cache)
+    (tmp_path / "shard_00001.parquet").write_bytes(b"PAR1" + bytes(64) + b"PAR1")  # damaged since the start
+    with pytest.raises(DataError) as e:
+        take_rows(data, 64 * BATCH)
+    assert one_line(e).startswith(f"cannot read {tmp_path}/shard_00001.parquet (")
+    assert one_line(e).endswith("; it is damaged: replace it (download it again)")
+
+
 def test_resuming_on_a_changed_corpus_is_one_line_naming_the_fix(tmp_path, cache):
     """A training file rewritten (or copied without its time) between a preemption and the resume gives another
     tokenizer key: the resumed run would tokenize and deal its stream otherwise, so it is refused."""
@@ -330,6 +346,15 @@ def test_a_partial_mirror_is_one_line_naming_the_missing_file_and_the_fix(mirror
     assert f"{tmp_path}/shard_00001.parquet is missing (and 2 more files)" in message
     assert "data.local_dir" in message and "data.num_train_shards" in message
     validate(climbmix_cfg(mirror, "data.num_train_shards=1"))  # a complete mirror passes, offline too
+    for i in range(4):  # a download cut short: found before training reaches the file
+        whole = (mirror / f"shard_{i:05d}.parquet").read_bytes()
+        (tmp_path / f"shard_{i:05d}.parquet").write_bytes(whole[:len(whole) // 2] if i in (1, 2) else whole)
+    with pytest.raises(ConfigError) as e:
+        validate(climbmix_cfg(tmp_path))
+    assert one_line(e) == (f"{tmp_path}/shard_00001.parquet is not a whole parquet file (and 1 more "
+                           "files): a download that stopped part-way, or a copy cut short; download it again")
+    for i in range(1, 4):
+        (tmp_path / f"shard_{i:05d}.parquet").unlink()
 
     with pytest.raises(ConfigError) as e:
         validate(climbmix_cfg(tmp_path / "nowhere"))

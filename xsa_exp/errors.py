@@ -19,6 +19,14 @@ class UserError(Exception):
     """A problem the user can fix; the message is one line naming it and the fix."""
     label = "error"
 
+    def __str__(self) -> str:
+        # Raised in a DataLoader worker, it comes back as this type made from torch's "Caught <type> in DataLoader
+        # worker process N. Original Traceback ..." text, whose last line is "<module>.<type>: <the message>".
+        text = super().__str__()
+        if text.startswith("Caught ") and "\nOriginal Traceback" in text:
+            return text.rstrip().splitlines()[-1].split(": ", 1)[-1]
+        return text
+
 
 class ConfigError(UserError, ValueError):
     """A setting (a key, a value, a combination of keys) that cannot run."""

@@ -10,7 +10,7 @@ data=climbmix: the text form of ClimbMix-400B that nanochat pretrains on, parque
 shard_00000 ... shard_06542 (one `text` column) of the dataset repo karpathy/climbmix-400b-shuffle.
 The last shard is the validation split, as in nanochat; training reads the first
 data.num_train_shards shards. Files come from data.local_dir when it is set (a folder holding those
-file names, e.g. nanochat's base_data), else from the hub; HF_HUB_OFFLINE / HF_DATASETS_OFFLINE
+file names, e.g. nanochat's base_data_climbmix), else from the hub; HF_HUB_OFFLINE / HF_DATASETS_OFFLINE
 make the hub an error instead of a hang.
 
 data=local: the .parquet, .jsonl/.json and .txt files of data.path (a folder, a file or a glob),
@@ -21,6 +21,7 @@ is given (they are then never trained on), else the last file, as for ClimbMix.
 from __future__ import annotations
 
 import codecs
+import functools
 import glob
 import hashlib
 import json
@@ -36,6 +37,7 @@ from xsa_exp.errors import ConfigError, UserError
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
 TXT_SAMPLE_BY = ("document", "paragraph", "line")  # a .txt document: the whole file, a paragraph, a line
+PARQUET_MAGIC = b"PAR1"  # a parquet file's first and last 4 bytes
 DOCS_PER_READ = 256  # documents per read of a json/txt file: its chunk, and the tokenizer's batch
 
 
@@ -90,8 +92,9 @@ def climbmix_corpus(cfg: ClimbmixDataConfig) -> StreamedCorpus:
                      f"check the connection to {hub}, or set data.local_dir to a local mirror")
     else:
         local_dir = Path(cfg.local_dir).expanduser().resolve()
-        fix = (f"put the shards in data.local_dir (the validation shard {names[-1]} too), lower data.num_train_shards, "
-               f"or set data.local_dir=null to stream from {hub}")
+        fix = (f"put the shards in data.local_dir (the validation shard {names[-1]} too), lower data.num_train_shards "
+               "(nanochat's download, `python -m nanochat.dataset -n 170`, holds the first 170), or set "
+               f"data.local_dir=null to stream from {hub}")
         if not local_dir.is_dir():
             raise DataSettingError(f"data.local_dir={local_dir} is not a directory; {fix}")
         base = str(local_dir)
@@ -166,10 +169,38 @@ def check_data_config(data_cfg: DataConfig) -> None:
     if not isinstance(data_cfg.num_workers, int) or data_cfg.num_workers < 0:
         raise DataSettingError(f"data.num_workers={data_cfg.num_workers!r} must be an integer >= 0")
     corpus = streamed_corpus(data_cfg)
-    missing = [f for f in corpus.train_files + corpus.val_files if "://" not in f and not Path(f).is_file()]
+    local = tuple(f for f in corpus.train_files + corpus.val_files if "://" not in f)
+    missing = [f for f in local if not Path(f).is_file()]
     if missing:
         more = f" (and {len(missing) - 1} more files)" if len(missing) > 1 else ""
         raise DataSettingError(f"{missing[0]} is missing{more}; {corpus.fix}")
+    cut = cut_parquet_files(local)
+    if cut:
+        more = f" (and {len(cut) - 1} more files)" if len(cut) > 1 else ""
+        raise DataSettingError(f"{cut[0]} is not a whole parquet file{more}: a download that stopped part-way, or a "
+                               "copy cut short; download it again")
+
+
+@functools.cache
+def cut_parquet_files(files: tuple[str, ...]) -> list[str]:
+    """The .parquet files among files that do not start and end with parquet's "PAR1" marker, found by reading 8
+    bytes of each (a shard cut short would otherwise fail only when training reaches it, hours in). Cached: a sweep's
+    jobs share their files."""
+    cut = []
+    for file in files:
+        if PurePosixPath(file).suffix != ".parquet":
+            continue
+        try:
+            with open(file, "rb") as f:
+                head = f.read(4)
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - 4))
+                tail = f.read(4)
+        except OSError as e:
+            raise DataSettingError(f"cannot read {file} ({e.strerror or e}); check its permissions") from None
+        if size < 12 or head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
+            cut.append(file)
+    return cut
 
 
 def check_chat_sources(data_cfg: SftDataConfig) -> None:
@@ -222,7 +253,10 @@ def _read_file(corpus: StreamedCorpus, file: str, mine: Callable[[], bool]) -> I
         if bad_line:
             raise DataError(f"cannot read {file}: {bad_line}; {corpus.fix}") from e
         reason = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
-        raise DataError(f"cannot read {file} ({type(e).__name__}: {reason}); {corpus.fix}") from e
+        # a file that is there and opens (no errno: not a permission or file-system failure) is damaged
+        damaged = Path(file).is_file() and getattr(e, "errno", None) is None
+        fix = "it is damaged: replace it (download it again)" if damaged else corpus.fix
+        raise DataError(f"cannot read {file} ({type(e).__name__}: {reason}); {fix}") from e
 
 
 def first_bad_line(file: str) -> str | None:

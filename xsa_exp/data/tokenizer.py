@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import base64
 import json
+import multiprocessing
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import rustbpe
 import tiktoken
 import torch
 
 from xsa_exp.cluster import available_cpus
+from xsa_exp.data.sources import DataError
 
 # GPT-4's split pattern with numbers split into groups of at most two digits, as nanochat.
 SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
                  r"""\s*[\r\n]|\s+(?!\S)|\s+""")
+T = TypeVar("T")
 # BOS starts every document; the rest are the chat tokens the SFT stage renders conversations with.
 SPECIAL_TOKENS = ["<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
                   "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>"]
@@ -45,13 +50,8 @@ class Tokenizer:
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> Tokenizer:
-        n_merged = vocab_size - len(SPECIAL_TOKENS)
-        if n_merged < 256:
-            raise ValueError(f"model.vocab_size={vocab_size} is too small; "
-                             f"byte-level BPE needs at least {256 + len(SPECIAL_TOKENS)}")
-        bpe = rustbpe.Tokenizer()
-        bpe.train_from_iterator(iter(texts), n_merged, pattern=SPLIT_PATTERN)
-        return cls({bytes(token): rank for token, rank in bpe.get_mergeable_ranks()}, bpe.get_pattern())
+        """rustbpe's byte-level BPE of texts, learned in a child process (in_child_process says why)."""
+        return cls(*in_child_process(lambda: learn_merges(texts, vocab_size)))
 
     def encode(self, text: str) -> list[int]:
         """Plain text to ids; special-token strings in the text are encoded as ordinary text."""
@@ -106,6 +106,17 @@ def read_merges(path: Path) -> dict[bytes, int]:
     return ranks
 
 
+def learn_merges(texts: Iterable[str], vocab_size: int) -> tuple[dict[bytes, int], str]:
+    """rustbpe's byte-level BPE of texts: the mergeable ranks and the split pattern."""
+    n_merged = vocab_size - len(SPECIAL_TOKENS)
+    if n_merged < 256:
+        raise ValueError(f"model.vocab_size={vocab_size} is too small; "
+                         f"byte-level BPE needs at least {256 + len(SPECIAL_TOKENS)}")
+    bpe = rustbpe.Tokenizer()
+    bpe.train_from_iterator(iter(texts), n_merged, pattern=SPLIT_PATTERN)
+    return {bytes(token): rank for token, rank in bpe.get_mergeable_ranks()}, bpe.get_pattern()
+
+
 def load_or_train_tokenizer(cache_root: Path, key: str, vocab_size: int,
                             texts: Callable[[], Iterable[str]]) -> tuple[Tokenizer, Path]:
     """The tokenizer cached under cache_root/key, trained on texts() the first time.
@@ -126,6 +137,45 @@ def load_or_train_tokenizer(cache_root: Path, key: str, vocab_size: int,
         shutil.rmtree(staging, ignore_errors=True)
         return Tokenizer.load(directory), directory
     return tokenizer, directory
+
+
+def in_child_process(work: Callable[[], T]) -> T:
+    """work() in a forked child process, its result or its exception handed back. rustbpe holds the GIL while it
+    merges, minutes on a real corpus (2B characters of ClimbMix), which would starve this process's threads: the run
+    directory lock's heartbeat among them, whose silence stops the run. rustbpe runs only in such children: a child
+    forked from a process whose rayon thread pool had started would wait for those threads forever. Where fork is
+    not the default (not Linux), in this process."""
+    if sys.platform != "linux":
+        return work()
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            outcome = (True, work())
+        except BaseException as e:  # handed to the parent, which raises it
+            outcome = (False, e)
+        try:
+            send.send(outcome)
+        except Exception as e:  # an exception that does not pickle: its line
+            send.send((False, RuntimeError(f"{type(outcome[1]).__name__}: {outcome[1]} ({e})")))
+
+    process = context.Process(target=child, name="tokenizer training", daemon=True)
+    process.start()
+    send.close()
+    try:
+        done, value = receive.recv()
+    except EOFError:  # the child died without a word
+        process.join()
+        raise DataError(f"the tokenizer's training process ended with exit status {process.exitcode} (a negative "
+                        "status is the signal that killed it; -9, out of memory?): lower data.tokenizer_chars, or "
+                        "give the job more memory") from None
+    finally:
+        receive.close()
+    process.join()
+    if not done:
+        raise value
+    return value
 
 
 def char_budget(texts: Iterable[str], n_chars: int) -> Iterator[str]:
