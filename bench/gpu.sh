@@ -6,9 +6,10 @@
 # from the H200's figures in BENCHMARKS.md ("GPU figures", taken before the one-graph forward, bf16-compute and the
 # fused loss head, which should all shorten them):
 #   set-up: the wheels, the CUDA probe                                      about 10 s
-#   bench/gpu_runs.py (its docstring): checks 40, d12 106, d24 166 (at 524,288 tokens per update: the docstring
-#     says why), the sync check 60 = 372 s, its imports and table           about 383 s   cap 400 s
-#   bench/xsa_overhead.py: two compiled d12 arms, 10 paired repeats         about 100 s   cap 120 s (it ended within
+#   bench/gpu_runs.py (its docstring): checks 40, the sync check 60, d12 106, d24 166 (at 524,288 tokens per update:
+#     the docstring says why) = 372 s, its imports and table                about 383 s   cap 400 s
+#   bench/xsa_overhead.py: two compiled d12 arms (bf16-compute, the fused loss head), 10 paired repeats
+#                                                                           about 100 s   cap 120 s (it ended within
 #                                                                                          120 s on the H200; stopped
 #                                                                                          early, it prints the table
 #                                                                                          of the repeats it finished)
@@ -42,6 +43,7 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the project itself, installed or not
 export PYTHONUNBUFFERED=1  # a part stopped at its limit still shows what it printed
 exec > >(tee "$OUT/gpu_bench.txt") 2>&1
+TEE=$!  # waited for at the end: bash does not, and the log's last lines would be lost with it
 "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
     || { echo "bench/gpu.sh: no CUDA device visible to torch; run it on a GPU machine with the CUDA build of torch"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -59,3 +61,5 @@ timeout -k 10 "$T" "$PYTHON" bench/xsa_overhead.py --mode gpu --depths d12 --rep
 T=$(limit 30 0)
 timeout -k 10 "$T" "$PYTHON" bench/generation.py --depth d12 --device cuda --new-tokens 256 --samples 8 \
     || echo "bench/generation.py: stopped at its $T s limit, or failed (above)"
+exec >&- 2>&-  # the log's end to tee, then its last lines written before the script ends
+wait "$TEE"

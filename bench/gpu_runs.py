@@ -29,8 +29,7 @@ The parts, in order, within --budget-s (JSON keys in quotes; gpu_runs.json is re
      "warmup_peak_gb"; then the device's peak memory is reset.
    - steady: "tokens_per_sec", "mfu" and "steady_update_s" over the 20 updates on one clock synchronized at both ends
      (the host syncs at updates 10 and 20 fall inside, as in a real run), and "steady_peak_gb", beside
-     "predicted_peak_gb" (xsa_exp/memory.py; its figures are bf16-mixed's with the unfused head: BENCHMARKS.md
-     predicts the presets' settings apart).
+     "predicted_peak_gb" (xsa_exp/memory.py, for the run's precision, mode and loss head).
    - "compile", from torch._dynamo's own counters and recompile log: "unique_graphs", "graph_breaks" and
      "recompiles" (with "recompiles_after_first_update") and their reasons. Targets: 0 breaks, 0 recompiles after
      update 1.
@@ -43,10 +42,11 @@ The parts, in order, within --budget-s (JSON keys in quotes; gpu_runs.json is re
    (about 7.5 s each on an H200) would take about 150 s, which the budget has not. The micro-batches are the
    preset's, so tokens/s and MFU differ from the real batch's only by the optimizer step's share, which halves there.
    A run that fails (out of memory, say) is recorded with its last log line, and the end of its log is printed.
-3. "sync_check", a child on the study's real path at a reduced size that still has windows (d12 with 4 layers,
-   sequence 2048, 2 micro-batches of 4 per update, compiled, bf16-compute, the fused loss head, the streamed corpus,
-   12 updates with a console line every 4): the synchronizing CUDA calls made by the updates after the warm-up that
-   are not host-sync steps, under torch.cuda.set_sync_debug_mode("warn"), with the lines that made them (0 expected).
+3. "sync_check" (measured before the runs), a child on the study's real path at a reduced size that still has
+   windows (d12 with 4 layers, sequence 2048, 2 micro-batches of 4 per update, compiled, bf16-compute, the fused loss
+   head, the streamed corpus, 12 updates with a console line every 4): the synchronizing CUDA calls made by the
+   updates after the warm-up that are not host-sync steps, under torch.cuda.set_sync_debug_mode("warn"), with the
+   lines that made them (0 expected).
    Under --smoke on a CPU it runs eager: there is nothing to count without CUDA.
 --smoke times 3 steady updates, not 20, of a model 64 wide on 64-token sequences: it tests the plumbing, not a rate,
 and on a CPU without native bf16 its bf16 matmuls are generic loops (a d12 update 0.21 s on the Zen 5 EPYC held
@@ -56,8 +56,9 @@ Budget (--budget-s; bench/gpu.sh gives it the time its other parts are not expec
 expected to take, on one H100/H200, from the H200's figures in BENCHMARKS.md ("GPU figures", taken before the
 one-graph forward, bf16-compute and the fused loss head, which should all shorten it): the checks with the corpus
 40 s; a compiled run START_S + COMPILE_S + (2 + 20 + 2 x 1.5) updates x UPDATE_S (d12 106 s, d24 166 s); the sync
-check 60 s; about 372 s in all. A run may use whatever is left but the sync check's 60 s; the sync check whatever
-is left; a part with under 60 s is recorded as skipped; a child stopped at its limit, or by bench/gpu.sh's
+check 60 s; about 372 s in all. The sync check runs first, with 90 s at most; then each run may use whatever is
+left but 60 s for each run after it; a part with under 60 s is recorded as skipped, one that fails records its error
+and the next part runs; a child stopped at its limit, or by bench/gpu.sh's
 (SIGTERM), keeps what it had written, and after bench/gpu.sh's no part starts. A check that fails records its error.
 Prints a table for BENCHMARKS.md.
 """
@@ -171,10 +172,12 @@ def throughput_run(name: str, common: list[str], smoke: bool, workdir: Path, env
     micro_batches = batch // (cfg.train.device_batch_size * cfg.model.sequence_len)
     with torch.device("meta"):
         model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
+    prepare(model, cfg.trainer.precision)  # the state's dtypes count in the prediction
+    predicted = predicted_peak_bytes(model, cfg.train.device_batch_size, cfg.trainer.precision, compiled,
+                                     cfg.optim.matrix_algorithm == "muon")
     figures = {"run": name, "compiled": compiled, "device_batch_size": cfg.train.device_batch_size,
                "micro_batches": micro_batches, "batch_tokens": batch, "preset_batch_tokens": preset_batch,
-               "predicted_peak_gb": predicted_peak_bytes(model, cfg.train.device_batch_size, compiled,
-                                                  cfg.optim.matrix_algorithm == "muon") / 1e9,
+               "predicted_peak_gb": predicted and predicted / 1e9,
                "warmup_updates": WARMUP, "steady_updates": steady, "profiled_updates": PROFILED,
                "estimated_s": estimated_s(preset) if compiled and not smoke else None, "limit_s": round(limit_s)}
     if batch != preset_batch:
@@ -622,14 +625,15 @@ def fmt(value, spec: str) -> str:
 
 
 def table_row(r: dict) -> str:
-    if "skipped" in r:
-        return f"| {r['run']} | skipped: {r['skipped']} |" + " |" * 10
+    if "micro_batches" not in r:  # skipped, or failed before it started
+        outcome = f"skipped: {r['skipped']}" if "skipped" in r else f"failed: {r['error']}"
+        return f"| {r['run']} | {outcome} |" + " |" * 10
     c, p = r.get("compile", {}), r.get("profile", {})
     steady = "tokens_per_sec" in r
     cells = [r["run"], f"{r['micro_batches']} x {r['device_batch_size']}", f"{r['batch_tokens']:,}",
              r["steady_updates"] if steady else 0, fmt(r.get("tokens_per_sec"), ",.0f"), fmt(r.get("mfu"), ".1%"),
              f"{fmt(r.get('warmup_peak_gb'), '.1f')} / {fmt(r.get('steady_peak_gb'), '.1f')} "
-             f"({r['predicted_peak_gb']:.1f})",
+             f"({fmt(r['predicted_peak_gb'], '.1f')})",
              " + ".join(f"{s:.1f}" for s in r.get("warmup_update_s", [])) or "-", fmt(r.get("steady_update_s"), ".2f"),
              fmt(c.get("graph_breaks"), "d"), f"{fmt(c.get('recompiles_after_first_update'), 'd')} "
              f"({fmt(c.get('recompiles'), 'd')})", fmt(p.get("idle_fraction"), ".1%")]
@@ -728,16 +732,29 @@ def measure_all(args: argparse.Namespace, figures: dict, device: str, started: f
         common = ["data=local", f"data.path={workdir / 'corpus'}", "data.tokenizer_chars=20000000",
                   *figures["settings"], "stack=nanochat_2604", "optim.schedule.warmup_steps=0", "xsa.alpha=1",
                   "logger=csv", "eval.every=0", "eval.core_every=0", "eval.diag_every=0"]
-        for run in args.runs:
-            limit = left() - SYNC_S
-            figures["runs"].append(throughput_run(run, common, args.smoke, workdir, env, limit)
-                                   if limit >= MIN_PART_S else {"run": run, "skipped": "out of the time budget"})
+        # the sync check first, at its expected time and a half: what is left then is the runs', the last (d24,
+        # the slowest to compile) taking whatever the ones before it leave
+        figures["sync_check"] = part(lambda: sync_check(common, args.smoke, workdir, env, min(left(), 1.5 * SYNC_S)),
+                                     {"run": "sync check"}, left())
+        if done(figures["sync_check"]):
+            raise Stopped
+        for i, run in enumerate(args.runs):
+            limit = left() - MIN_PART_S * (len(args.runs) - 1 - i)
+            figures["runs"].append(part(lambda: throughput_run(run, common, args.smoke, workdir, env, limit),
+                                        {"run": run}, limit))
             if done(figures["runs"][-1]):
                 raise Stopped
-        figures["sync_check"] = (sync_check(common, args.smoke, workdir, env, left()) if left() >= MIN_PART_S
-                                 else {"skipped": "out of the time budget"})
-        done(figures["sync_check"])
 
+
+def part(measure, name: dict, limit_s: float) -> dict:
+    """measure()'s figures; skipped with under MIN_PART_S, or its error, so that the parts after it still run."""
+    if limit_s < MIN_PART_S:
+        return {**name, "skipped": "out of the time budget"}
+    try:
+        return measure()
+    except Exception as e:
+        print(f"bench/gpu_runs.py: {name['run']} failed: {type(e).__name__}: {e}", flush=True)
+        return {**name, "error": f"{type(e).__name__}: {e}"}
 
 if __name__ == "__main__":
     main()

@@ -45,6 +45,7 @@ from xsa_exp.cluster import peak_flops
 from xsa_exp.config.schema import ModelConfig, OptimConfig, XSAConfig, typed
 from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups
+from xsa_exp.precision import BF16_COMPUTE, prepare
 from xsa_exp.training.module import LanguageModel, update_guard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,10 +66,11 @@ def compose_cfg(overrides: list[str]):
         return compose(config_name="train", overrides=overrides)
 
 
-def build(overrides: list[str], device: str, compile_model: bool):
+def build(overrides: list[str], device: str, compile_model: bool, precision: str):
     cfg = compose_cfg(overrides)
     torch.manual_seed(0)
     model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig))).to(device)
+    prepare(model, precision)
     if device == "cuda":
         model.use_block_masks(cfg.model.sequence_len, torch.device(device))
     if compile_model:
@@ -107,21 +109,27 @@ def bootstrap_median_ci(ratios: list[float], n: int = 2000, seed: int = 0) -> tu
 
 
 def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, compile_model: bool, warmup: int,
-                 repeats: int, bf16: bool, arm_names: tuple[str, ...] = tuple(ARMS)):
-    arms = {name: build(shape + ARMS[name], device, compile_model) for name in arm_names}
-    cfg = next(iter(arms.values()))[0]
-    batch = torch.randint(0, cfg.model.vocab_size, (batch_size, cfg.model.sequence_len + 1), device=device,
-                          generator=torch.Generator(device=device).manual_seed(0))
-    autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if bf16 else nullcontext
-    times = {name: [] for name in arms}
-    peak = {}
-    for name, (_, model, opt, sched) in arms.items():
-        if device == "cuda":  # what the other arms hold (weights; grads and state of those warmed up) is not this one's
-            torch.cuda.reset_peak_memory_stats()
-            others = torch.cuda.memory_allocated() - sum(p.numel() * p.element_size() for p in model.parameters())
-        for _ in range(warmup):
-            timed(lambda: train_step(model, opt, sched, batch, autocast), device)
-        peak[name] = (torch.cuda.max_memory_allocated() - others) / 2**30 if device == "cuda" else None
+                 repeats: int, precision: str, arm_names: tuple[str, ...] = tuple(ARMS)):
+    """precision: 32-true, bf16-mixed (autocast) or bf16-compute (the GPU presets')."""
+    try:
+        arms = {name: build(shape + ARMS[name], device, compile_model, precision) for name in arm_names}
+        cfg = next(iter(arms.values()))[0]
+        batch = torch.randint(0, cfg.model.vocab_size, (batch_size, cfg.model.sequence_len + 1), device=device,
+                              generator=torch.Generator(device=device).manual_seed(0))
+        autocast = ((lambda: torch.autocast(device, dtype=torch.bfloat16)) if precision == "bf16-mixed"
+                    else nullcontext)
+        times = {name: [] for name in arms}
+        peak = {}
+        for name, (_, model, opt, sched) in arms.items():
+            if device == "cuda":  # the other arms' weights (and grads and state once warmed up) are not this one's
+                torch.cuda.reset_peak_memory_stats()
+                others = torch.cuda.memory_allocated() - sum(p.numel() * p.element_size() for p in model.parameters())
+            for _ in range(warmup):
+                timed(lambda: train_step(model, opt, sched, batch, autocast), device)
+            peak[name] = (torch.cuda.max_memory_allocated() - others) / 2**30 if device == "cuda" else None
+    except Stopped:
+        sys.exit(f"bench/xsa_overhead.py: stopped at its limit while building, compiling or warming up {label}, "
+                 "before the first repeat")
     # Every timed step starts from the state after warm-up (restored, untimed): trained on one repeated
     # batch, the arms' weights would drift apart and their step times with them, for reasons (denormals,
     # numerics) that are not XSA's cost.
@@ -146,7 +154,7 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
     fpt = arms["alpha=0"][1].flops_per_token()
     print(f"\n{label}: n_layer={cfg.model.n_layer} n_embd={cfg.model.n_embd} n_head={cfg.model.n_head} "
           f"seq={cfg.model.sequence_len} batch={batch_size} vocab={cfg.model.vocab_size} device={device} "
-          f"compile={compile_model} {'bf16 autocast' if bf16 else 'fp32'} repeats={repeats} "
+          f"compile={compile_model} {precision} repeats={repeats} "
           f"(after {warmup} warm-up steps per arm)")
     print(f"{'arm':<11}{'median step ms':>15}{'tokens/s':>11}{'ratio to alpha=0 [95% CI]':>32}"
           + (f"{'peak GiB':>10}{'MFU':>7}" if device == "cuda" else ""))
@@ -165,7 +173,7 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
         print(f"process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB (all arms)")
     if stopped:
         sys.exit(f"bench/xsa_overhead.py: stopped at its limit after {repeats} repeats of {label}")
-    op_ms = xsa_op_time(cfg, batch_size, device, bf16) * cfg.model.n_layer * 1e3
+    op_ms = xsa_op_time(cfg, batch_size, device, precision != "32-true") * cfg.model.n_layer * 1e3
     print(f"XSA op alone, forward + backward over {cfg.model.n_layer} layers: {op_ms:.2f} ms = "
           f"{op_ms / (statistics.median(base) * 1e3):.2%} of the median alpha=0 step")
 
@@ -240,7 +248,7 @@ def lightning_overhead(shape: list[str], batch_size: int, block: int, blocks: in
         return per_step(clock.stamps)
 
     def bare(guard: bool) -> float:
-        _, model, optimizer, scheduler = build(shape, "cpu", False)
+        _, model, optimizer, scheduler = build(shape, "cpu", False, "32-true")
         data, stamps = iter(loader), []
         for _ in range(block + 2):
             train_step(model, optimizer, scheduler, next(data), nullcontext, guard)
@@ -271,7 +279,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true",
                         help="CPU mode: fp32, or bf16 autocast as trainer.precision=bf16-mixed "
-                             "(GPU mode is always bf16)")
+                             "(GPU mode runs the presets' bf16-compute with the fused loss head)")
     parser.add_argument("--parts", nargs="+", choices=["tiny", "d12", "lightning"],
                         default=["tiny", "d12", "lightning"], help="CPU mode: which measurements to run")
     parser.add_argument("--depths", nargs="+", choices=["d12", "d24"], default=["d12", "d24"],
@@ -289,20 +297,20 @@ def main() -> None:
         # flush them in bf16 matmuls anyway.)
         torch.set_flush_denormal(not args.keep_denormals)
         repeats = args.repeats or 30
-        bf16 = args.precision == "bf16-mixed"
         if "tiny" in args.parts:
-            xsa_overhead("tiny width", ["depth=tiny", "model.sequence_len=128"], 8, "cpu", False, 3, repeats, bf16)
+            xsa_overhead("tiny width", ["depth=tiny", "model.sequence_len=128"], 8, "cpu", False, 3, repeats,
+                         args.precision)
         if "d12" in args.parts:
             xsa_overhead("d12 width", ["depth=d12", "model.n_layer=2", "model.sequence_len=128",
-                                       "model.vocab_size=8192"], 4, "cpu", False, 2, repeats, bf16)
+                                       "model.vocab_size=8192"], 4, "cpu", False, 2, repeats, args.precision)
         if "lightning" in args.parts:
             lightning_overhead(["depth=tiny", "model.sequence_len=128"], 8, block=20, blocks=args.blocks)
     else:
         repeats = args.repeats or 20
         batches = {"d12": 16, "d24": 8}  # half the presets' micro-batches: both arms stay resident
         for depth in args.depths:  # alpha = 1 against 0 only: a compile per arm is the time this part has
-            xsa_overhead(depth, [f"depth={depth}", "stack=nanochat_2604"], batches[depth], "cuda", True, 5, repeats,
-                         True, ("alpha=0", "alpha=1"))
+            xsa_overhead(depth, [f"depth={depth}", "stack=nanochat_2604", "model.fused_loss_head=true"],
+                         batches[depth], "cuda", True, 5, repeats, BF16_COMPUTE, ("alpha=0", "alpha=1"))
 
 
 if __name__ == "__main__":

@@ -187,3 +187,15 @@ def test_evaluate_py_command(run_dir, tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [f"config error: run={tmp_path / 'missing'}: no such run directory or "
                                                "checkpoint; pass a run's directory or one of its checkpoints/*.ckpt"]
+
+
+def test_one_process_on_another_gpu_makes_it_the_current_device(monkeypatch):
+    """evaluate.py device=cuda:1: Triton's kernels (Liger's fused loss head) launch on the current device, not the
+    tensors' one, so it must be cuda:1 too."""
+    from xsa_exp.evaluate_run import join_process_group
+
+    current = []
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    assert join_process_group("cuda:1") == (0, 1, torch.device("cuda:1")) and current == [torch.device("cuda:1")]
+    assert join_process_group("cpu") == (0, 1, torch.device("cpu")) and len(current) == 1

@@ -132,3 +132,18 @@ def test_a_stop_from_bench_gpu_sh_keeps_the_part_in_progress(gpu_runs, tmp_path)
         signal.signal(signal.SIGALRM, previous[0])
         signal.signal(signal.SIGTERM, previous[1])
     assert figures["stopped"] == "at bench/gpu.sh's limit" and figures["wall_s"] < 60, figures
+
+
+def test_a_part_that_fails_or_has_no_time_is_recorded_and_the_next_runs(gpu_runs, capsys):
+    """One device call is the whole chance: a failing part keeps its error in the JSON and the table, not a
+    traceback that ends the parts after it."""
+    def fails():
+        raise KeyError("d24")
+
+    failed = gpu_runs.part(fails, {"run": "d24_compiled"}, 300)
+    assert failed == {"run": "d24_compiled", "error": "KeyError: 'd24'"}
+    assert "d24_compiled failed: KeyError: 'd24'" in capsys.readouterr().out
+    assert gpu_runs.table_row(failed).startswith("| d24_compiled | failed: KeyError: 'd24' |")
+    skipped = gpu_runs.part(fails, {"run": "d12_compiled"}, gpu_runs.MIN_PART_S - 1)
+    assert skipped == {"run": "d12_compiled", "skipped": "out of the time budget"}
+    assert gpu_runs.part(lambda: {"run": "sync check", "count": 0}, {"run": "sync check"}, 90)["count"] == 0

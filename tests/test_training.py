@@ -368,3 +368,17 @@ def test_an_update_between_host_sync_steps_reads_nothing_from_the_device(tmp_pat
     assert all(counts[s] for s in sync_steps if s in counts)  # the counter sees the reads where there are some
     quiet = {s: reads for s, reads in counts.items() if s not in sync_steps}
     assert sorted(quiet) == [1, 2, 3, 5, 7, 9, 10, 11] and all(not reads for reads in quiet.values()), quiet
+
+
+def test_a_process_compiles_more_models_than_the_recompile_limit(monkeypatch):
+    """A sweep's jobs in one process (Hydra's own launcher, a reused joblib worker) each compile GPT.forward for their
+    own model: another shape is a recompile, which fullgraph makes an error once torch's limit is reached."""
+    from xsa_exp.training.module import LanguageModel
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)  # 8 by default: two models show it
+    idx = torch.randint(0, 128, (1, 33))
+    for layers in ([0], [1]):
+        shape = ModelConfig(n_layer=2, n_head=2, n_embd=32, sequence_len=32, vocab_size=128)
+        module = LanguageModel(GPT(GPTConfig.of(shape, XSAConfig(layers=layers))), None, None, 10, None, 0,
+                               compile=True)
+        assert module.train_forward(idx[:, :-1], idx[:, 1:]).isfinite()

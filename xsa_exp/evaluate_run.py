@@ -131,7 +131,10 @@ def join_process_group(device_setting: str) -> tuple[int, int, torch.device]:
     group (NCCL on CUDA, gloo on a CPU) and takes the GPU of its LOCAL_RANK; alone, rank 0 of 1."""
     cuda = device_setting.startswith("cuda") or device_setting == "auto" and torch.cuda.is_available()
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        return 0, 1, torch.device(device_setting if device_setting != "auto" else "cuda" if cuda else "cpu")
+        device = torch.device(device_setting if device_setting != "auto" else "cuda" if cuda else "cpu")
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # Triton's kernels (Liger's loss head) launch on the current device
+        return 0, 1, device
     torch.distributed.init_process_group("nccl" if cuda else "gloo")
     device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if cuda else "cpu")
     if cuda:

@@ -32,7 +32,12 @@ class LanguageModel(L.LightningModule):
         # Evaluations call the eager model, whose shapes change from batch to batch (CORE's examples, the last
         # validation batch) and would recompile. fullgraph: a graph break (a torch version that cannot trace a call)
         # fails here instead of silently splitting the forward into graphs and eager Python between them.
+        # An earlier run of this process (a sweep's job, in Hydra's own launcher or a reused joblib worker) compiled
+        # GPT.forward for its own model: its graphs would count against torch's recompile limit (8), which fullgraph
+        # makes an error at the 9th model of another shape.
         self.compiled = compile
+        if compile:
+            torch._dynamo.reset()
         self.train_forward = torch.compile(model.forward, fullgraph=True) if compile else model.forward
         self.optim_cfg, self.transfer = optim_cfg, transfer
         self.total_steps = total_steps
