@@ -24,10 +24,10 @@ import torch
 from xsa_exp.cluster import available_cpus
 from xsa_exp.data.sources import DataError
 
+T = TypeVar("T")
 # GPT-4's split pattern with numbers split into groups of at most two digits, as nanochat.
 SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
                  r"""\s*[\r\n]|\s+(?!\S)|\s+""")
-T = TypeVar("T")
 # BOS starts every document; the rest are the chat tokens the SFT stage renders conversations with.
 SPECIAL_TOKENS = ["<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
                   "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>"]
