@@ -43,7 +43,8 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the project itself, installed or not
 export PYTHONUNBUFFERED=1  # a part stopped at its limit still shows what it printed
 exec > >(tee "$OUT/gpu_bench.txt") 2>&1
-TEE=$!  # waited for at the end: bash does not, and the log's last lines would be lost with it
+TEE=$!  # waited for at every exit: bash does not, and the log's last lines would be lost with it
+trap 'exec >&- 2>&-; wait "$TEE"' EXIT
 "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
     || { echo "bench/gpu.sh: no CUDA device visible to torch; run it on a GPU machine with the CUDA build of torch"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -61,5 +62,3 @@ timeout -k 10 "$T" "$PYTHON" bench/xsa_overhead.py --mode gpu --depths d12 --rep
 T=$(limit 30 0)
 timeout -k 10 "$T" "$PYTHON" bench/generation.py --depth d12 --device cuda --new-tokens 256 --samples 8 \
     || echo "bench/generation.py: stopped at its $T s limit, or failed (above)"
-exec >&- 2>&-  # the log's end to tee, then its last lines written before the script ends
-wait "$TEE"

@@ -753,8 +753,9 @@ def part(measure, name: dict, limit_s: float) -> dict:
     try:
         return measure()
     except Exception as e:
-        print(f"bench/gpu_runs.py: {name['run']} failed: {type(e).__name__}: {e}", flush=True)
-        return {**name, "error": f"{type(e).__name__}: {e}"}
+        line = (str(e).strip().splitlines() or [""])[0][:300]  # one table cell
+        print(f"bench/gpu_runs.py: {name['run']} failed: {type(e).__name__}: {line}", flush=True)
+        return {**name, "error": f"{type(e).__name__}: {line}"}
 
 if __name__ == "__main__":
     main()

@@ -128,8 +128,8 @@ def test_printing_hydras_node_resolved_names_the_command_that_does():
     assert printed.returncode == 0 and printed.stdout.startswith("# @package hydra.run\ndir: runs/"), printed.stderr
 
 
-LAUNCHES = {"torchrun": {"TORCHELASTIC_RUN_ID": "a1", "WORLD_SIZE": "8"}, "SLURM": {"SLURM_STEP_ID": "0",
-                                                                                     "SLURM_NTASKS": "4"}}
+LAUNCHES = {"torchrun": {"TORCHELASTIC_RUN_ID": "a1", "WORLD_SIZE": "8"}, "srun": {"SLURM_STEP_ID": "0",
+                                                                                    "SLURM_NTASKS": "4"}}
 
 
 @pytest.mark.parametrize("launcher", list(LAUNCHES))
@@ -161,19 +161,26 @@ def test_the_ranks_of_torchrun_or_srun_must_be_given_one_folder(launcher, monkey
     check_launch_shares_a_folder(compose_base("train", ["seed=1"])[0], "hydra.run.dir")
 
 
+TORCHRUN_8 = {"TORCHELASTIC_RUN_ID": "a1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}
+SRUN = {"SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train"}
+
+
 @pytest.mark.parametrize("launch, overrides, message, fix", [
-    ({"TORCHELASTIC_RUN_ID": "a1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}, [],
-     "torchrun started 8 processes, 8 per node, but trainer.devices=1 and trainer.num_nodes=1 ask for 1, 1 per node",
+    (TORCHRUN_8, [], "torchrun started 8 processes on 1 node, but trainer.devices=1 and trainer.num_nodes=1 ask for 1 "
+     "on 1 node; set trainer.devices=8 trainer.num_nodes=1 (one process per device)",
      ["trainer.devices=8", "trainer.num_nodes=1"]),
-    ({"TORCHELASTIC_RUN_ID": "a1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}, ["trainer.devices=4",
-                                                                                 "trainer.num_nodes=2"],
-     "torchrun started 8 processes, 8 per node, but trainer.devices=4 and trainer.num_nodes=2 ask for 8, 4 per node",
-     ["trainer.devices=8", "trainer.num_nodes=1"]),
-    ({"SLURM_NTASKS": "16", "SLURM_NNODES": "2", "SLURM_JOB_NAME": "train"}, ["trainer.devices=4"],
-     "SLURM started 16 processes, 8 per node, but trainer.devices=4 and trainer.num_nodes=1 ask for 4, 4 per node",
-     ["trainer.devices=8", "trainer.num_nodes=2"]),
+    (TORCHRUN_8, ["trainer.devices=4", "trainer.num_nodes=2"], "torchrun started 8 processes on 1 node, but "
+     "trainer.devices=4 and trainer.num_nodes=2 ask for 8 on 2 nodes; set trainer.devices=8 trainer.num_nodes=1 (one "
+     "process per device)", ["trainer.devices=8", "trainer.num_nodes=1"]),
+    ({**SRUN, "SLURM_NTASKS": "16", "SLURM_NNODES": "2"}, ["trainer.devices=4"], "srun started 16 processes on 2 "
+     "nodes, but trainer.devices=4 and trainer.num_nodes=1 ask for 4 on 1 node; set trainer.devices=8 "
+     "trainer.num_nodes=2 (one process per device)", ["trainer.devices=8", "trainer.num_nodes=2"]),
+    ({**SRUN, "SLURM_NTASKS": "5", "SLURM_NNODES": "2"}, ["trainer.devices=2", "trainer.num_nodes=2"], "srun started "
+     "5 processes on 2 nodes, but trainer.devices=2 and trainer.num_nodes=2 ask for 4 on 2 nodes; give every node the "
+     "same number of tasks (one process per device)", None),
     ({"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train"}, ["trainer.devices=8"],  # sbatch --ntasks=1, then python
-     "SLURM started 1 process, 1 per node, but trainer.devices=8 and trainer.num_nodes=1 ask for 8, 8 per node",
+     "this SLURM job has 1 task (SLURM_NTASKS) on 1 node, but trainer.devices=8 and trainer.num_nodes=1 ask for 8 on 1 "
+     "node; give the job 8 tasks per node and start the run with srun, or set trainer.devices=1 trainer.num_nodes=1",
      ["trainer.devices=1", "trainer.num_nodes=1"]),
 ])
 def test_the_processes_torchrun_or_slurm_started_must_be_the_runs_devices(launch, overrides, message, fix,
@@ -183,19 +190,32 @@ def test_the_processes_torchrun_or_slurm_started_must_be_the_runs_devices(launch
     from tests.hydra_app import compose_base
     from xsa_exp.config.preflight import Preflight, check_launch_matches_devices
 
-    for name in ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_JOB_NAME"):
+    for name in ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_NNODES",
+                 "SLURM_NTASKS_PER_NODE", "SLURM_STEP_ID", "SLURM_JOB_NAME"):
         monkeypatch.delenv(name, raising=False)
     for name, value in launch.items():
         monkeypatch.setenv(name, value)
     run = [f"hydra.run.dir={tmp_path / 'run'}", "trainer=cpu", "train.total_batch_tokens=65536"]
     with pytest.raises(SystemExit) as stopped:
         Preflight("train").on_run_start(compose_base("train", [*run, *overrides])[0])
-    assert stopped.value.code == 2
-    assert capsys.readouterr().err == f"config error: {message}; set {' '.join(fix)} (one process per device)\n"
-    check_launch_matches_devices(compose_base("train", [*run, *fix])[0])
+    assert stopped.value.code == 2 and capsys.readouterr().err == f"config error: {message}\n"
+    if fix:
+        check_launch_matches_devices(compose_base("train", [*run, *fix])[0])
     if "SLURM_NTASKS" in launch:  # salloc's shell: Lightning starts the ranks itself, as many as the run asks for
         monkeypatch.setenv("SLURM_JOB_NAME", "interactive")
         check_launch_matches_devices(compose_base("train", [*run, *overrides])[0])
+
+
+def test_a_sweep_submitted_from_inside_a_slurm_job_is_not_taken_for_its_ranks(monkeypatch, tmp_path):
+    """`python train.py -m hydra/launcher=slurm ...` from an sbatch script or an allocation of several tasks: one
+    process, which only submits the jobs, so Hydra's clock-named sweep folder is its alone."""
+    from tests.hydra_app import compose_base
+    from xsa_exp.config.preflight import check_launch_shares_a_folder
+
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    for name, value in {"SLURM_NTASKS": "8", "SLURM_NNODES": "1", "SLURM_JOB_NAME": "driver"}.items():
+        monkeypatch.setenv(name, value)
+    check_launch_shares_a_folder(compose_base("train", ["-m", "seed=1,2"])[0], "hydra.sweep.dir")
 
 
 def test_a_gpu_run_on_a_machine_without_one_is_one_line(tmp_path, monkeypatch):

@@ -126,30 +126,35 @@ def check_output_folder(cfg: DictConfig, key: str) -> None:
 
 
 class Launch(NamedTuple):
-    launcher: str
+    launcher: str  # torchrun, srun (a job step's tasks), or SLURM (a job's tasks, without srun)
     processes: int
-    per_node: int
+    nodes: int
+
+    @property
+    def per_node(self) -> int:
+        return self.processes // self.nodes
 
 
 def external_launch() -> Launch | None:
-    """Where torchrun or SLURM started this run's processes (Lightning then takes their ranks from it, and starts
-    none itself): who, how many, how many per node; None where Lightning starts the ranks."""
+    """Where torchrun or SLURM gives this run's ranks (Lightning then takes them from it, and starts none itself):
+    who, how many, on how many nodes; None where Lightning starts the ranks."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        return Launch("torchrun", world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        return Launch("torchrun", world, max(1, world // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     # Lightning's SLURMEnvironment.detect(), without importing it: a job's tasks unless it is an interactive shell
     if "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
-        tasks, nodes = int(os.environ["SLURM_NTASKS"]), int(os.environ.get("SLURM_NNODES", "1"))
-        return Launch("SLURM", tasks, int(os.environ.get("SLURM_NTASKS_PER_NODE", max(1, tasks // nodes))))
+        return Launch("srun" if "SLURM_STEP_ID" in os.environ else "SLURM", int(os.environ["SLURM_NTASKS"]),
+                      int(os.environ.get("SLURM_NNODES", "1")))
     return None
 
 
 def check_launch_shares_a_folder(cfg: DictConfig, key: str) -> None:
     """The processes of torchrun or srun each compose the command line: Hydra's default folder, named by each one's
     own clock (${now:...}), would be another for each of them, and the ranks would wait for a lock in folders rank 0
-    never takes. (Lightning's own ranks are given rank 0's folder.)"""
+    never takes. (Lightning's own ranks are given rank 0's folder; a job's one process without srun, a sweep's
+    driver say, composes alone.)"""
     launch = external_launch()
-    if launch is None or launch.processes == 1:
+    if launch is None or launch.launcher == "SLURM" or launch.processes == 1:
         return
     section, name = key.removeprefix("hydra.").split(".")
     if "${now:" in str(as_written(cfg.hydra[section])[name]):
@@ -160,19 +165,26 @@ def check_launch_shares_a_folder(cfg: DictConfig, key: str) -> None:
 
 def check_launch_matches_devices(cfg: DictConfig) -> None:
     """torchrun's or SLURM's processes are the run's ranks, one per device: a count other than trainer.devices x
-    trainer.num_nodes would train copies of the run on one GPU, or one rank with the others' share of the batch."""
+    trainer.num_nodes would train copies of the run on one GPU, or one rank with the others' share of the batch
+    (or, a job's tasks without srun, wait for ranks that never start)."""
     launch = external_launch()
     if launch is None:
         return
     nodes = int(cfg.trainer.num_nodes)
     devices = world_size(cfg.trainer) // nodes
-    if (launch.processes, launch.per_node) != (devices * nodes, devices):
-        raise ConfigError(
-            f"{launch.launcher} started {launch.processes} process{'es' * (launch.processes != 1)}, "
-            f"{launch.per_node} per node, but "
-            f"trainer.devices={cfg.trainer.devices} and trainer.num_nodes={nodes} ask for {devices * nodes}, "
-            f"{devices} per node; set trainer.devices={launch.per_node} "
-            f"trainer.num_nodes={max(1, launch.processes // launch.per_node)} (one process per device)")
+    if (launch.processes, launch.nodes) == (devices * nodes, nodes):
+        return
+    on_nodes = f"on {launch.nodes} node{'s' * (launch.nodes != 1)}"
+    asked = (f"trainer.devices={cfg.trainer.devices} and trainer.num_nodes={nodes} ask for {devices * nodes} on "
+             f"{nodes} node{'s' * (nodes != 1)}")
+    matching = (f"set trainer.devices={launch.per_node} trainer.num_nodes={launch.nodes}"
+                if launch.processes % launch.nodes == 0 else "give every node the same number of tasks")
+    if launch.launcher == "SLURM":  # without srun, one process runs, and Lightning would wait for the others
+        raise ConfigError(f"this SLURM job has {launch.processes} task{'s' * (launch.processes != 1)} (SLURM_NTASKS) "
+                          f"{on_nodes}, but {asked}; give the job {devices} tasks per node and start the run with "
+                          f"srun, or {matching}")
+    raise ConfigError(f"{launch.launcher} started {launch.processes} process{'es' * (launch.processes != 1)} "
+                      f"{on_nodes}, but {asked}; {matching} (one process per device)")
 
 
 def sweep_configs(cfg: DictConfig, config_name: str, compose: Callable = hydra.compose) -> list[DictConfig]:

@@ -253,8 +253,10 @@ def _read_file(corpus: StreamedCorpus, file: str, mine: Callable[[], bool]) -> I
         if bad_line:
             raise DataError(f"cannot read {file}: {bad_line}; {corpus.fix}") from e
         reason = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
-        # a file that is there and opens (no errno: not a permission or file-system failure) is damaged
-        damaged = Path(file).is_file() and getattr(e, "errno", None) is None
+        # a file that is there, and that pyarrow finds invalid or cannot decode (an OSError without an errno: not a
+        # permission or file-system failure), is damaged
+        damaged = Path(file).is_file() and (type(e).__name__ == "ArrowInvalid"
+                                            or isinstance(e, OSError) and e.errno is None)
         fix = "it is damaged: replace it (download it again)" if damaged else corpus.fix
         raise DataError(f"cannot read {file} ({type(e).__name__}: {reason}); {fix}") from e
 

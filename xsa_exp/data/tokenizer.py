@@ -11,6 +11,7 @@ import base64
 import json
 import multiprocessing
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -151,6 +152,11 @@ def in_child_process(work: Callable[[], T]) -> T:
     receive, send = context.Pipe(duplex=False)
 
     def child() -> None:
+        receive.close()  # else a parent gone before reading would leave this child blocked in send() for ever
+        # the parent's handlers (submitit's requeue on SIGUSR2, its SIGTERM bypass) are the parent's to run
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for parents in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(parents, signal.SIG_IGN)
         try:
             outcome = (True, work())
         except BaseException as e:  # handed to the parent, which raises it

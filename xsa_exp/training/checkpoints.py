@@ -37,12 +37,6 @@ class RunDirCheckpointIO(TorchCheckpointIO):
                 staging.unlink(missing_ok=True)
                 raise
 
-    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
-        # Onto the host, whence each rank copies it into its own parameters and optimizer state. Lightning's default
-        # puts every tensor back on the device it was saved from: under DDP every rank's copy of the whole checkpoint
-        # on cuda:0 at once, each rank holding a CUDA context there for the rest of the run.
-        return super().load_checkpoint(path, map_location="cpu", weights_only=weights_only)
-
 
 class PeriodicCheckpoint(ModelCheckpoint):
     """Resumable checkpoint every N steps, named as run_dir.step_checkpoint names it, keeping the newest few.
