@@ -178,6 +178,9 @@ SRUN = {"SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train"}
     ({**SRUN, "SLURM_NTASKS": "5", "SLURM_NNODES": "2"}, ["trainer.devices=2", "trainer.num_nodes=2"], "srun started "
      "5 processes on 2 nodes, but trainer.devices=2 and trainer.num_nodes=2 ask for 4 on 2 nodes; give every node the "
      "same number of tasks (one process per device)", None),
+    ({"SLURM_NTASKS": "8", "SLURM_JOB_NAME": "train"}, ["trainer.devices=8"],  # sbatch -n 8, then python, no srun
+     "this SLURM job has 8 tasks (SLURM_NTASKS), but this process was not started by srun: Lightning would wait for 7 "
+     "more ranks that never start; start the run with srun (one task per device)", None),
     ({"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train"}, ["trainer.devices=8"],  # sbatch --ntasks=1, then python
      "this SLURM job has 1 task (SLURM_NTASKS) on 1 node, but trainer.devices=8 and trainer.num_nodes=1 ask for 8 on 1 "
      "node; give the job 8 tasks per node and start the run with srun, or set trainer.devices=1 trainer.num_nodes=1",

@@ -172,6 +172,10 @@ def check_launch_matches_devices(cfg: DictConfig) -> None:
         return
     nodes = int(cfg.trainer.num_nodes)
     devices = world_size(cfg.trainer) // nodes
+    if launch.launcher == "SLURM" and launch.processes > 1:
+        raise ConfigError(f"this SLURM job has {launch.processes} tasks (SLURM_NTASKS), but this process was not "
+                          f"started by srun: Lightning would wait for {launch.processes - 1} more ranks that never "
+                          "start; start the run with srun (one task per device)")
     if (launch.processes, launch.nodes) == (devices * nodes, nodes):
         return
     on_nodes = f"on {launch.nodes} node{'s' * (launch.nodes != 1)}"
