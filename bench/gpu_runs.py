@@ -567,7 +567,7 @@ def exactness_checks(device: str, smoke: bool) -> dict:
         try:  # one check that fails (a kernel this torch lacks) loses no other figure
             checks.update(check())
         except Exception as e:
-            checks[f"{check.__name__}_error"] = f"{type(e).__name__}: {e}"[:300]
+            checks[f"{check.__name__}_error"] = error_line(e)
     return checks
 
 
@@ -753,9 +753,14 @@ def part(measure, name: dict, limit_s: float) -> dict:
     try:
         return measure()
     except Exception as e:
-        line = (str(e).strip().splitlines() or [""])[0][:300]  # one table cell
-        print(f"bench/gpu_runs.py: {name['run']} failed: {type(e).__name__}: {line}", flush=True)
-        return {**name, "error": f"{type(e).__name__}: {line}"}
+        print(f"bench/gpu_runs.py: {name['run']} failed: {error_line(e)}", flush=True)
+        return {**name, "error": error_line(e)}
+
+
+def error_line(e: Exception) -> str:
+    """An error as one line of at most 300 characters: a table cell, a JSON value."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:300]
+
 
 if __name__ == "__main__":
     main()
