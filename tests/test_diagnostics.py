@@ -188,6 +188,26 @@ def test_probes_removed_and_mode_restored_when_forward_raises():
     assert model.training and all(block.attn.probe is None for block in model.blocks)
 
 
+def test_the_pass_computes_fp32_matmuls_in_full_fp32_and_restores_the_precision(monkeypatch):
+    """CUDA training allows TF32 for fp32 matmuls; the probes' attention must not use it (evaluate.py does not)."""
+    seen = []
+    real_attend = AttentionProbe.attend
+
+    def attend(self, *args, **kwargs):
+        seen.append(torch.get_float32_matmul_precision())
+        return real_attend(self, *args, **kwargs)
+
+    monkeypatch.setattr(AttentionProbe, "attend", attend)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        attention_diagnostics(make(), batch())
+        assert seen == ["highest"] * N_LAYER
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def test_bf16_autocast_accumulates_in_fp32():
     model, idx = make(), batch()
     exact = attention_diagnostics(model, idx)

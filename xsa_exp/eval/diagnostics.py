@@ -2,10 +2,12 @@
 
 A separate pass, never part of a training step. `attention_diagnostics` sets an `AttentionProbe` as
 `probe` on every `CausalSelfAttention`, runs one eager forward under no_grad in eval mode and
-removes the probes again, leaving the parameters, the train/eval mode and the RNG state as they
-were. The probe computes attention explicitly (SDPA's default causal mask and 1/sqrt(D) scale,
-softmax in fp32) so that it sees the attention probabilities; memory is O(B H T^2), so keep the
-batch small. Every metric is an fp32 sum over tokens divided by their count, so bf16 autocast is fine.
+removes the probes again, leaving the parameters, the train/eval mode, the RNG state and the fp32
+matmul precision as they were. Its fp32 matmuls run in full fp32 even where CUDA training allows
+TF32, so that training's figures and evaluate.py's agree. The probe computes attention explicitly
+(SDPA's default causal mask and 1/sqrt(D) scale, softmax in fp32) so that it sees the attention
+probabilities; memory is O(B H T^2), so keep the batch small. Every metric is an fp32 sum over
+tokens divided by their count, so bf16 autocast is fine.
 
 Metrics, each averaged over the batch's tokens (attention rows), per layer and head:
   attn_self_cos  cos(y_i, v_i): the attention output before XSA vs the token's own value
@@ -89,6 +91,17 @@ def probes_installed(model):
             block.attn.probe = None
 
 
+@contextmanager
+def full_fp32_matmuls():
+    """Matmuls of fp32 tensors in fp32, not TF32 ("high", which CUDA training sets), restored afterwards."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 @torch.no_grad()
 def attention_diagnostics(model, idx: torch.Tensor, autocast=nullcontext) -> dict[str, torch.Tensor]:
     """Every metric in METRICS as an fp32 (n_layer, n_head) tensor on CPU, averaged over idx's tokens.
@@ -97,7 +110,7 @@ def attention_diagnostics(model, idx: torch.Tensor, autocast=nullcontext) -> dic
     device = next(model.parameters()).device
     # fork_rng restores the CPU (and this CUDA device's) RNG, so the pass cannot shift training's randomness.
     with evaluating(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
-            probes_installed(model) as probes, autocast():
+            full_fp32_matmuls(), probes_installed(model) as probes, autocast():
         model(idx.to(device))
     means = [probe.means() for probe in probes]
     return {name: torch.stack([m[name] for m in means]) for name in METRICS}
