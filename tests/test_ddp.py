@@ -86,3 +86,41 @@ def test_an_update_between_host_sync_steps_reads_nothing_under_ddp(tmp_path):
         assert counts[4] and counts[6], counts  # the host-sync steps: the metrics' reduce and read, the broadcast
         quiet = {s: reads for s, reads in counts.items() if s not in (4, 6, 8)}  # from the end of update 1 on
         assert sorted(quiet) == [2, 3, 5, 7] and all(not reads for reads in quiet.values()), (rank, quiet)
+
+
+def _rank_resuming_from_its_own_choice(rank: int, world: int, run_dir: str, out: str) -> None:
+    """One rank of a 2-rank run that trains 6 updates, is left as a preempted run (its final checkpoint gone), then
+    resumes; rank 1 finds step 4's checkpoint, as a node that cannot read step 6's yet would."""
+    os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world))
+    import torch.distributed as dist
+
+    from tests.conftest import compose_config
+    from xsa_exp import run_dir as rd
+    from xsa_exp.run_dir import RunError
+    from xsa_exp.training import run as training
+
+    cfg = compose_config(*SMALL, "trainer=ddp", "trainer.accelerator=cpu", f"trainer.devices={world}",
+                         "train.checkpoint_every=2", "train.keep_checkpoints=3", "eval.diag_every=0", "resume=auto")
+    run_dir = Path(run_dir)
+    training.train(cfg, run_dir)
+    dist.barrier()
+    if rank == 0:
+        (run_dir / "checkpoints" / "final.ckpt").unlink()
+        (run_dir / "status.json").write_text(json.dumps({"status": "failed", "step": 6, "error": "preempted"}))
+    dist.barrier()
+    if rank == 1:
+        training.rd.newest_checkpoint = lambda path: rd.checkpoints_dir(path) / "step000004.ckpt"
+    try:
+        training.train(cfg, run_dir)
+        Path(f"{out}.{rank}").write_text("resumed")
+    except RunError as e:
+        Path(f"{out}.{rank}").write_text(str(e))
+
+
+def test_ranks_that_find_different_checkpoints_to_resume_from_all_stop_in_one_line(tmp_path):
+    out = tmp_path / "outcome"
+    gloo.spawn(_rank_resuming_from_its_own_choice, str(tmp_path / "run"), str(out))
+    for rank in range(2):
+        line = Path(f"{out}.{rank}").read_text()
+        assert line.startswith("the ranks found different checkpoints to resume from") and "\n" not in line, line
+        assert "(rank 0: step000006.ckpt, rank 1: step000004.ckpt)" in line and "relaunch with resume=auto" in line

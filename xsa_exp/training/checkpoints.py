@@ -1,16 +1,20 @@
 """Checkpoints in the run directory: every file written beside its final name and renamed into place, periodic ones
-kept to the newest few, and stale step checkpoints removed once a newer one exists."""
+kept to the newest few, stale step checkpoints removed once a newer one exists, and under DDP one checkpoint that
+every rank resumes from."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from xsa_exp import run_dir as rd
+from xsa_exp.run_dir import RunError
 from xsa_exp.training.metrics_log import UpdateClock
 from xsa_exp.write_failures import writing
 
@@ -61,6 +65,29 @@ class PeriodicCheckpoint(ModelCheckpoint):
         if step % self.every == 0 and step != self.clock_restarted_at:  # once per saving step, not per micro-batch
             self.clock.restart(pl_module.device)
             self.clock_restarted_at = step
+
+
+class SameResumeCheckpoint(L.Callback):
+    """Each rank finds the checkpoint it resumes from itself (run.previous_attempt), in a directory that a cluster's
+    nodes may see differently (a newest checkpoint one node cannot read yet): ranks resumed from different steps
+    would train on as if they were one model. Before anything is loaded, the ranks compare their choices and all
+    stop in one line if they differ."""
+
+    def __init__(self, run_dir: Path, resume_from: str | None):
+        # its name: a node may mount the run directory under another path
+        self.run_dir, self.resume_from = run_dir, resume_from and Path(resume_from).name
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        if trainer.world_size == 1:
+            return
+        choices = [None] * trainer.world_size
+        dist.all_gather_object(choices, self.resume_from)  # every rank sees every choice, so all stop together
+        if len(set(choices)) > 1:
+            found = ", ".join(f"rank {rank}: {name or 'none'}" for rank, name in enumerate(choices))
+            where = rd.checkpoints_dir(self.run_dir)
+            raise RunError(f"the ranks found different checkpoints to resume from in {where} ({found}), so their "
+                           "nodes see that directory differently; nothing was loaded — once "
+                           "every node sees the same files there, relaunch with resume=auto")
 
 
 def remove_untracked_step_checkpoints(trainer, run_dir, keep: Path | None = None) -> None:

@@ -36,7 +36,12 @@ from xsa_exp.model import GPT, GPTConfig
 from xsa_exp.precision import BF16_COMPUTE, cpu_has_native_bf16, lightning_precision, newton_schulz_dtype, prepare
 from xsa_exp.run_dir import LoadedRun, RunError, load_trained
 from xsa_exp.run_lock import LockLost
-from xsa_exp.training.checkpoints import PeriodicCheckpoint, RunDirCheckpointIO, remove_untracked_step_checkpoints
+from xsa_exp.training.checkpoints import (
+    PeriodicCheckpoint,
+    RunDirCheckpointIO,
+    SameResumeCheckpoint,
+    remove_untracked_step_checkpoints,
+)
 from xsa_exp.training.evaluations import AttentionDiagnostics, CoreEvaluation, ValidationBPB
 from xsa_exp.training.host import FrozenGC, keep_freed_host_memory, use_expandable_segments
 from xsa_exp.training.metrics_log import HostSync, RunCSVLogger, TrainMetrics, UpdateClock
@@ -166,7 +171,7 @@ def train_as_writer(cfg: DictConfig, run_dir: Path, writer: RunDirWriter) -> Pat
                            OmegaConf.to_container(cfg, resolve=True), settings.train.skip_nonfinite_steps,
                            compile=settings.train.compile)
     loggers = build_loggers(cfg, run_dir, arm, run.get("wandb_id"))
-    callbacks = build_callbacks(cfg, run_dir, model, writer)
+    callbacks = build_callbacks(cfg, run_dir, model, writer, resume_from)
     trainer = build_trainer(cfg, run, loggers, callbacks)
     if resume_from is not None:
         restore_csv_rows(run_dir, resume_from)
@@ -310,12 +315,14 @@ def load_base_run(cfg: DictConfig, model: GPT) -> LoadedRun | None:
     return base
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT, writer: RunDirWriter) -> list[L.Callback]:
-    """The lock check first, before any callback writes; train metrics next, so each step's train row precedes its
-    evaluation rows; the update clock last, so the next update's time starts after all of them (Lightning runs the
-    periodic checkpoint after every callback, so it is taken after every row of its step is logged, and restarts the
-    clock itself). Every step with a console line, an evaluation or a checkpoint is a host-sync step; the updates
-    between them never wait for the device."""
+def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT, writer: RunDirWriter,
+                    resume_from: str | None) -> list[L.Callback]:
+    """The ranks' agreement on the checkpoint they resume from, before anything loads; the lock check next, before
+    any callback writes; train metrics next, so each step's train row precedes its evaluation rows; the update clock
+    last, so the next update's time starts after all of them (Lightning runs the periodic checkpoint after every
+    callback, so it is taken after every row of its step is logged, and restarts the clock itself). Every step with
+    a console line, an evaluation or a checkpoint is a host-sync step; the updates between them never wait for the
+    device."""
     tokens = batch_tokens(cfg)
     e = cfg.eval
     bundle = (require_bundle(e.bundle_dir, f"eval.core_every={e.core_every}", "use eval.core_every=0")
@@ -324,7 +331,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT, writer: RunDirWr
     clock = UpdateClock(sync)
     peak = device_peak_flops(torch.device("cuda" if accelerator_is_cuda(cfg.trainer) else "cpu"), cfg.train.peak_flops)
     metrics = TrainMetrics(tokens, cfg.log.ema_beta, cfg.log.print_every, clock, model.flops_per_token(), peak)
-    callbacks = [LockCheck(writer, sync), metrics,
+    callbacks = [SameResumeCheckpoint(run_dir, resume_from), LockCheck(writer, sync), metrics,
                  ValidationBPB(e.every, e.val_tokens, tokens),
                  AttentionDiagnostics(e.diag_every, tokens, e.diag_rows, run_dir),
                  CoreEvaluation(e.core_every, tokens, bundle, e.core_max_per_task)]
