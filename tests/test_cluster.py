@@ -109,9 +109,26 @@ def test_lightning_slurm_auto_requeue_is_off_under_slurm(monkeypatch):
     assert cluster_plugins() == []
 
 
-@pytest.mark.parametrize("affinity, local_ranks, expected", [(16, 4, 4), (16, 32, 1), (4, 4, 4), (16, 1, 16)])
-def test_a_rank_takes_its_affinity_or_an_equal_share_of_the_node(monkeypatch, affinity, local_ranks, expected):
-    """Ranks started without an affinity (all 16 CPUs) share the node's; a rank bound to 4 of them keeps its 4."""
+SLURM_TASKS = {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "4", "SLURM_JOB_NAME": "train"}
+ONE_TASK = {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "train"}
+
+
+@pytest.mark.parametrize("slurm, affinity, local_ranks, expected", [
+    ({}, 16, 4, 4), ({}, 16, 32, 1), ({}, 16, 1, 16),
+    ({}, 8, 4, 2),  # a container's CPU set, narrower than the node, which its ranks share
+    ({**SLURM_TASKS, "SLURM_CPUS_PER_TASK": "4"}, 4, 4, 4),  # SLURM bound each task (rank) to its own CPUs
+    ({**SLURM_TASKS, "SLURM_CPUS_PER_TASK": "4"}, 16, 4, 4),  # a site that does not bind: the job's CPUs
+    ({**ONE_TASK, "SLURM_CPUS_PER_TASK": "16", "TORCHELASTIC_RUN_ID": "a1"}, 16, 4, 4),  # torchrun's ranks in a task
+    ({**ONE_TASK, "SLURM_CPUS_PER_TASK": "16", "SLURM_JOB_NAME": "interactive"}, 16, 4, 4),  # Lightning's, in salloc
+])
+def test_a_rank_takes_its_own_cpus_where_slurm_bound_it_else_an_equal_share(monkeypatch, slurm, affinity,
+                                                                            local_ranks, expected):
+    """Ranks that share an affinity (all 16 CPUs of the node, a container's 8) split it; a SLURM task bound to its
+    cpus_per_task keeps them."""
+    for name in (*SLURM_TASKS, "SLURM_CPUS_PER_TASK", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(affinity)))
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     assert rank_cpus(local_ranks) == expected

@@ -9,8 +9,8 @@
   hydra.launcher.tasks_per_node=N`): it starts one process per task but tells them their rank only in
   SUBMITIT_LOCAL_* variables, so they are exported as torch's (LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...),
   which Lightning reads.
-- The CPUs a process may use are its affinity (what SLURM's cpus_per_task or taskset gave it), not
-  every core of the node; ranks started without one share the node's CPUs equally (rank_cpus).
+- The CPUs a process may use are its affinity (what SLURM's cpus_per_task, taskset or a container gave it), not
+  every core of the node; ranks share it equally unless SLURM bound each to its own (rank_cpus).
 - What a device can do and has used, for MFU and memory in the training log: its dense bf16 peak by
   name, its peak memory.
 """
@@ -62,12 +62,15 @@ def available_cpus() -> int:
 
 
 def rank_cpus(local_ranks: int) -> int:
-    """CPUs for one of this node's `local_ranks` training processes: its affinity where the launcher bound it to fewer
-    CPUs than the node has (SLURM's cpus_per_task, taskset), else an equal share of them, so that ranks started
-    without an affinity (Lightning's launcher, torchrun) do not each tokenize with a thread per CPU of the node. (A
-    narrower affinity is taken as the rank's own; ranks that share one, a container's CPU set, each get all of it.)"""
+    """CPUs for one of this node's `local_ranks` training processes, so that ranks do not each tokenize with a thread
+    per CPU they share: the rank's affinity where SLURM's tasks are the ranks and it bound each to its own
+    `cpus_per_task`; else an equal share of the affinity, which the ranks of Lightning's launcher, torchrun or
+    submitit's local executor, and those in a container's CPU set, all have in common."""
     cpus = available_cpus()
-    return cpus if cpus < (os.cpu_count() or cpus) else max(1, cpus // local_ranks)
+    per_task = os.environ.get("SLURM_CPUS_PER_TASK")
+    if cluster_plugins() and per_task and cpus <= int(per_task):
+        return cpus
+    return max(1, cpus // local_ranks)
 
 
 def peak_flops(device_name: str) -> float | None:
