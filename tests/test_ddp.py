@@ -52,8 +52,11 @@ def test_two_gloo_processes_match_one_process(tmp_path):
     # near-zero gradient entry whose last bits differ (summation order) can move by a full step.
     for key in single_w:
         assert (ddp_w[key] - single_w[key]).norm() <= 1e-3 * single_w[key].norm() + 1e-6, key
-    # Rank 0 alone writes the run's files.
+    # Rank 0 alone writes the run's files: rank 1 (which Hydra would give train_ddp_process_1.log) no log either.
     assert sorted(p.name for p in ddp_dir.glob("*.csv")) == ["metrics.csv"]
+    assert sorted(p.name for p in ddp_dir.glob("*.log")) == ["train.log"]
+    assert "GLOBAL_RANK: 0" in (ddp_dir / "train.log").read_text()
+    assert "GLOBAL_RANK: 1" not in (ddp_dir / "train.log").read_text()
 
 
 def _rank_of_a_ddp_run(rank: int, world: int, run_dir: str, out: str) -> None:

@@ -1,16 +1,17 @@
 """The run directory's one writer, in a training run.
 
 Rank 0 takes the directory's lock (xsa_exp/run_lock.py) before anything is written and holds it until the run ends;
-the other ranks, which write nothing, go on once rank 0 holds it. Before the run writes, every rank agrees that rank 0
-still holds it (LockCheck), and all stop together, without writing more, if it does not. A write that fails for want
-of space or of the file system ends the run in one line (xsa_exp/write_failures.py), recorded in status.json when
-that can still be written.
+the other ranks, which write nothing (not even a log file there), go on once rank 0 holds it. Before the run writes,
+every rank agrees that rank 0 still holds it (LockCheck), and all stop together, without writing more, if it does
+not. A write that fails for want of space or of the file system ends the run in one line
+(xsa_exp/write_failures.py), recorded in status.json when that can still be written.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 from pathlib import Path
 
@@ -41,6 +42,16 @@ def take_lock(run_dir: Path) -> RunLock:
                           "choose another hydra.run.dir") from None
 
 
+def close_log_files() -> None:
+    """Hydra gives every process a log file in the run directory: under torchrun or srun each rank appends to
+    train.log, under Lightning's launcher rank N writes train_ddp_process_N.log. A rank other than 0 keeps its console
+    (the launcher's log) and drops its file."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        root.removeHandler(handler)
+        handler.close()
+
+
 class RunDirWriter:
     """`with RunDirWriter(run_dir) as writer:` around a run: the lock held (rank 0) or awaited (the others), failed
     writes turned into WriteFailed's one line, the lock released at the end unless lost."""
@@ -55,6 +66,7 @@ class RunDirWriter:
             self.lock = take_lock(self.run_dir)
             os.environ[TOKEN_VARIABLE] = self.lock.token  # for the ranks Lightning starts (await_rank_zero)
         else:
+            close_log_files()
             await_rank_zero(self.run_dir, rank_zero_only.rank)
         return self
 
