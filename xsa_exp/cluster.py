@@ -33,11 +33,16 @@ def cluster_plugins() -> list:
     """The Trainer's cluster environment: SLURM's without its auto-requeue where SLURM launched the run. torchrun
     inside a SLURM job gives the ranks itself (Lightning's own order tries it before SLURM): SLURM's would make each of
     its processes rank 0 of the job's tasks."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)] if slurm_gives_the_ranks() else []
+
+
+def slurm_gives_the_ranks() -> bool:
+    """Whether SLURM's tasks are the run's ranks (srun, submitit's SLURM executor), as Lightning detects them."""
     from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
-    if TorchElasticEnvironment.detect() or not SLURMEnvironment.detect():
-        return []
-    return [SLURMEnvironment(auto_requeue=False)]
+    return SLURMEnvironment.detect() and not TorchElasticEnvironment.detect()
 
 
 def export_submitit_local_ranks() -> None:
@@ -68,7 +73,7 @@ def rank_cpus(local_ranks: int) -> int:
     submitit's local executor, and those in a container's CPU set, all have in common."""
     cpus = available_cpus()
     per_task = os.environ.get("SLURM_CPUS_PER_TASK")
-    if cluster_plugins() and per_task and cpus <= int(per_task):
+    if slurm_gives_the_ranks() and per_task and cpus <= int(per_task):
         return cpus
     return max(1, cpus // local_ranks)
 
