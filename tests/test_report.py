@@ -378,8 +378,8 @@ def test_reruns_of_a_seed_count_once_in_the_diagnostics_and_the_curves(tmp_path)
 def test_p_keeps_its_side_of_0_05():
     from xsa_exp.report.render import fmt_p
 
-    assert [fmt_p(p) for p in (0.0004, 0.027, 0.0497, 0.04999, 0.0504, 0.9)] == [
-        "<0.001", "0.027", "0.0497", "0.04999", "0.050", "0.900"]
+    assert [fmt_p(p) for p in (0.0004, 0.027, 0.0497, 0.04999, 0.0504, 0.9, 0.0499999, 0.05)] == [
+        "<0.001", "0.027", "0.0497", "0.04999", "0.050", "0.900", "<0.05", "0.050"]
 
 
 def test_partial_core_chatcore_and_bootstrap_in_report(tmp_path):
@@ -403,6 +403,28 @@ def test_partial_core_chatcore_and_bootstrap_in_report(tmp_path):
     assert got[XSA, "ChatCORE", "delta"] == pytest.approx(1.0)
     row = next(line for line in text.splitlines() if "| paired bootstrap over examples |" in line)
     assert row.startswith(f"| {XSA} | CORE 18/22 |") and row.endswith("| 400 examples | yes | — | — | — |")  # no t-test
+
+
+def test_core_and_chatcore_over_capped_examples_are_other_metrics_never_paired_with_the_whole(tmp_path):
+    """evaluate.py eval.core_max_per_task=100 (summary.json's core record) or eval.chatcore.max_per_task=50
+    (chatcore.json) on the XSA arms only: their scores are named for the cap, and no Δ pairs them with the
+    baselines' scores over every example."""
+    study = tmp_path / "study"
+    for seed in (1, 2):
+        for alpha in (0.0, 1.0):
+            run = make_run(study, f"{alpha:g}-{seed}", alpha=alpha, seed=seed,
+                           evals=({"metrics": {"val/bpb": 0.9, "CORE": 0.2 + alpha / 10, "ChatCORE": 0.1}},))
+            if alpha:
+                (folder,) = (run / rd.EVAL).iterdir()
+                summary = json.loads((folder / rd.SUMMARY).read_text())
+                rd.write_summary(folder, {**summary, "core": {"name": "CORE", "n_tasks": 22, "max_per_task": 100}})
+                (folder / rd.CHATCORE_INFO).write_text(json.dumps({"name": "ChatCORE", "max_per_task": 50}))
+    got = numbers(build_report([study], tmp_path / "out"))
+    assert got[XSA, "CORE (100 per task)", "mean"] == pytest.approx(0.3)
+    assert got[XSA, "ChatCORE (50 per task)", "mean"] == pytest.approx(0.1)
+    assert got[BASE, "CORE", "mean"] == pytest.approx(0.2)
+    assert not [key for key in got if key[0] == XSA and "CORE" in key[1] and key[2].startswith("paired")]
+    assert got[XSA, "val/bpb", "paired_delta"] == pytest.approx(0.0)
 
 
 def test_sft_runs_are_their_own_section_with_chatcore(tmp_path):

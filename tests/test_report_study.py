@@ -183,13 +183,28 @@ def test_lr_stability_counts_diverged_and_failed_runs(tmp_path):
     assert got[b8, "stability", "runs"] == 2 and got[b8, "stability", "diverged"] == 0
     assert got[b8, "stability", "spikes"] == 2
     assert got[XSA, "stability", "diverged"] == 0 and got[XSA, "stability", "runs"] == 2
-    # val/bpb over the complete runs with a finite value; Δ paired against the baseline at the same lr scale
+    # val/bpb over the seeds of the complete runs with a finite value; Δ paired against the baseline at the same lr
     assert got[x8, "val/bpb", "finite_mean"] == pytest.approx(0.925) and got[x8, "val/bpb", "finite_mean_n"] == 2
     assert got[x8, "val/bpb", "paired_delta"] == pytest.approx((0.93 - 0.95 + 0.92 - 0.95) / 2)
     assert got[XSA, "val/bpb", "paired_delta"] == pytest.approx(-0.01)
     assert "| muon | α=1 · layers=all · value=mixed | 8 | 3 | 2 | 0 |" in text
     assert "- `study/x8-s3`: incomplete: no checkpoints/final.ckpt (failed at step 7: FloatingPointError" in text
     assert "### Learning-rate stability" in text
+
+
+def test_the_stability_table_counts_each_seed_once(tmp_path):
+    """Three runs of seed 1 and one each of seeds 2 and 3: the final val/bpb's mean and interval are over 3 seeds,
+    seed 1's runs averaged, as in the results."""
+    study = tmp_path / "study"
+    for name, seed, bpb in (("a", 1, 0.90), ("b", 1, 0.91), ("c", 1, 0.92), ("d", 2, 0.95), ("e", 3, 0.97)):
+        make_run(study, name, alpha=1.0, seed=seed, lr_scale=8.0, final_bpb=bpb)
+    for seed in (1, 2, 3):
+        make_run(study, f"base{seed}", seed=seed, final_bpb=0.9)
+    got = numbers(build_report([study], tmp_path / "out"))
+    x8 = f"{XSA} · lr×8"
+    assert got[x8, "stability", "runs"] == 5 and got[x8, "val/bpb", "finite_mean_n"] == 3
+    assert got[x8, "val/bpb", "finite_mean"] == pytest.approx(mean_ci([0.91, 0.95, 0.97]).value)
+    assert got[x8, "val/bpb", "finite_mean_ci95_high"] == pytest.approx(mean_ci([0.91, 0.95, 0.97]).high)
 
 
 def test_arms_split_by_lr_scale(tmp_path):
@@ -225,15 +240,16 @@ def test_scale_trend_rows_and_plot(tmp_path):
 
 def test_runs_trained_otherwise_are_never_pooled_into_one_arm(tmp_path):
     """Keys that change what a run computes split its depth: clipping, the width lr scaling, XSA's eps, the tokenizer's
-    sample, the validation files, compilation, nanochat's transfer (its lr factor; a run from before optim.transfer
-    reads as null), and the key that set the run's length (here train.epochs; SFT's epoch of rows left after dropping
-    the untrained ones differs by a step between seeds, which must not split them)."""
+    sample, the validation files and shard, the data order, compilation, nanochat's transfer (its lr factor; a run
+    from before optim.transfer reads as null), and the key that set the run's length (here train.epochs; SFT's epoch
+    of rows left after dropping the untrained ones differs by a step between seeds, which must not split them)."""
     study = tmp_path / "study"
     others = {"train:\n  grad_clip: 1.0\n": "grad_clip=1.0", "optim:\n  width_lr_scaling: false\n":
               "width_lr_scaling=False", "  eps: 0.001\n": "eps=0.001", "train:\n  compile: true\n":
               "compile=True", "data:\n  tokenizer_chars: 1000\n": "tokenizer_chars=1000",
               "optim:\n  transfer:\n    lr_factor: 1.5\n": "lr_factor=1.5", "data:\n  val_path: /data/v.jsonl\n":
-              "val_path=/data/v.jsonl"}
+              "val_path=/data/v.jsonl", "data:\n  num_shards: 100\n": "num_shards=100",  # another validation shard
+              "data:\n  shuffle_rows: 64\n": "shuffle_rows=64", "data:\n  num_workers: 2\n": "num_workers=2"}
     for seed in (1, 2):
         make_run(study, f"b{seed}", seed=seed, final_bpb=0.9)
         make_run(study, f"x{seed}", alpha=1.0, seed=seed, final_bpb=0.91)
@@ -248,6 +264,23 @@ def test_runs_trained_otherwise_are_never_pooled_into_one_arm(tmp_path):
     assert depths == {"d12", "d12 · epochs=2", *(f"d12 · {label}" for label in others.values())}, depths
     assert got["d12", XSA, "val/bpb", "paired_delta"] == pytest.approx(0.01)
     assert got["d12 · epochs=2", XSA, "val/bpb", "paired_delta"] == pytest.approx(-0.01)  # both seeds, paired
+
+
+def test_runs_that_computed_in_another_precision_are_never_paired_though_their_configs_say_auto(tmp_path):
+    """config.yaml says trainer.precision=auto and optim.muon.ns_dtype=auto wherever a run trained; run.json says
+    what each machine made of it (a GPU's bf16-compute, a CPU's 32-true; Newton-Schulz in bf16 or fp32 by the CPU)."""
+    study = tmp_path / "study"
+    auto = "trainer:\n  precision: auto\noptim:\n  muon:\n    ns_dtype: auto\n"
+    for seed in (1, 2):
+        for name, alpha, resolved in (("b", 0.0, ("32-true", "float32")), ("x", 1.0, ("bf16-compute", "float32")),
+                                      ("nb", 0.0, ("32-true", "bfloat16")), ("nx", 1.0, ("32-true", "bfloat16"))):
+            run = make_run(study, f"{name}{seed}", alpha=alpha, seed=seed, final_bpb=0.9 + alpha / 100, config=auto)
+            rd.update_run_info(run, precision=resolved[0], ns_dtype=resolved[1])
+    got = csv_rows(build_report([study], tmp_path / "out"))
+    assert {depth for depth, *_ in got} == {"d12", "d12 · precision=bf16-compute", "d12 · ns_dtype=bfloat16"}
+    paired = [key for key in got if key[1] == XSA and key[3] == "paired_delta"]
+    assert {depth for depth, *_ in paired} == {"d12 · ns_dtype=bfloat16"}
+    assert got["d12 · ns_dtype=bfloat16", XSA, "val/bpb", "paired_delta"] == pytest.approx(0.01)
 
 
 def test_a_setting_that_varies_within_a_depth_splits_it_and_gets_its_own_trend(tmp_path):
@@ -389,6 +422,21 @@ def test_validation_coverage(tmp_path):
     whole_only = tmp_path / "whole"
     make_run(whole_only, "a", val_scope=whole)
     assert "Validation coverage" not in build_report([whole_only], tmp_path / "out4").read_text()
+
+
+def test_a_residual_scalar_a_seed_logged_as_nan_makes_its_change_nan_not_a_smaller_sample(tmp_path):
+    """As a diverged seed makes the final Δ val/bpb NaN: its λ is not dropped, leaving an interval over the others
+    (and a test in Holm's family)."""
+    for seed in (1, 2, 3):
+        for alpha in (0.0, 1.0):
+            value = math.nan if (alpha, seed) == (1.0, 3) else 0.1 + alpha * (0.05 + seed / 100)
+            make_run(tmp_path / "runs", f"{alpha}-{seed}", alpha=alpha, seed=seed,
+                     last_row={"lambda/x0/L0": value, "lambda/x0/L1": 0.2 + alpha / 10})
+    got = numbers(build_report([tmp_path / "runs"], tmp_path / "out"))
+    assert math.isnan(got[XSA, "lambda/x0/L0", "paired_delta"])
+    assert math.isnan(got[XSA, "lambda/x0/L0", "last_mean"])
+    assert (XSA, "lambda/x0/L0", "paired_delta_p") not in got
+    assert got[XSA, "lambda/x0/L1", "paired_delta"] == pytest.approx(0.1)
 
 
 def test_residual_scalars_are_tabulated_per_layer_with_their_change_paired_over_seeds(tmp_path):

@@ -61,7 +61,7 @@ class ArmResult:
     def last_per_layer(self, prefix: str) -> pd.Series:
         """<prefix>/L{i} per layer at each run's last row that logged it, mean over the arm's seeds (reruns of a seed
         averaged first; empty if never logged)."""
-        return pd.DataFrame(list(last_per_layer_by_seed(self.runs, prefix).values())).mean()
+        return pd.DataFrame(list(last_per_layer_by_seed(self.runs, prefix).values())).mean(skipna=False)
 
     def layer_differences(self, prefix: str) -> dict[int, Estimate]:
         """Per layer, <prefix>/L{i} at the last row that logged it, arm − baseline paired over the seeds both
@@ -73,7 +73,7 @@ class ArmResult:
         if not seeds:
             return {}
         differences = pd.DataFrame([arm[seed] - base[seed] for seed in seeds])
-        return {int(layer): mean_ci(differences[layer].dropna()) for layer in differences.columns}
+        return {int(layer): mean_ci(differences[layer]) for layer in differences.columns}  # a NaN seed: a NaN Δ
 
     @property
     def n_params(self) -> int:
@@ -96,13 +96,13 @@ class ArmResult:
 
 def last_per_layer_by_seed(runs: list[Run], prefix: str) -> dict[int, pd.Series]:
     """seed -> <prefix>/L{i} per layer at the run's last row that logged it (reruns of a seed averaged; seeds
-    whose runs never logged it left out)."""
+    whose runs never logged it left out; a rerun's non-finite value makes its seed's NaN)."""
     per_seed = defaultdict(list)
     for run in runs:
         values = run.last_per_layer(prefix)
         if not values.empty:
             per_seed[run.seed].append(values)
-    return {seed: pd.DataFrame(values).mean() for seed, values in per_seed.items()}
+    return {seed: pd.DataFrame(values).mean(skipna=False) for seed, values in per_seed.items()}  # NaN: diverged
 
 
 def run_throughput(run: Run) -> float | None:
@@ -235,7 +235,7 @@ class StabilityRow:
     runs: int
     diverged: int
     spikes: int
-    val_bpb: Estimate | None  # over the complete runs with a finite final val/bpb
+    val_bpb: Estimate | None  # over the seeds of the complete runs with a finite final val/bpb (reruns averaged)
     paired: Estimate | None  # paired Δ val/bpb vs the baseline arm at the same lr scale (complete runs)
 
 
@@ -248,10 +248,12 @@ def stability(all_runs: list[Run], results: list[ArmResult]) -> dict[str, list[S
     out = defaultdict(list)
     for (depth, arm), runs in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1].optim, g[0][1].lr_scale,
                                                                      g[0][1].alpha is None, g[0][1].alpha or 0.0)):
-        finite = [r.finals["val/bpb"] for r in runs if r.complete and math.isfinite(r.finals.get("val/bpb", math.nan))]
+        finite = by_seed([r for r in runs if r.complete and math.isfinite(r.finals.get("val/bpb", math.nan))],
+                         "val/bpb")  # each seed once, its reruns averaged
         result = by_key.get((depth, arm))
         out[depth].append(StabilityRow(depth, arm, len(runs), sum(r.diverged for r in runs),
-                                       sum(run_spikes(r) for r in runs), mean_ci(finite) if finite else None,
+                                       sum(run_spikes(r) for r in runs),
+                                       mean_ci(list(finite.values())) if finite else None,
                                        None if result is None else result.paired.get("val/bpb")))
     return {depth: rows for depth, rows in out.items()
             if len({row.arm.lr_scale for row in rows}) > 1 or any(row.diverged for row in rows)}

@@ -116,6 +116,8 @@ def fmt_p(p: float) -> str:
     digits = 3
     while digits < 6 and (float(f"{p:.{digits}f}") < 0.05) != (p < 0.05):
         digits += 1
+    if (float(f"{p:.{digits}f}") < 0.05) != (p < 0.05):  # within 5e-7 below 0.05
+        return "<0.05"
     return f"{p:.{digits}f}"
 
 
@@ -289,7 +291,8 @@ def stability_section(depth: str, rows: list[StabilityRow], out: Numbers) -> lis
             "train/loss or val/bpb in metrics.csv (a skipped step included), or a run stopped on a non-finite loss "
             f"or gradient (status.json). spikes: after the first {WARMUP_FRACTION:.0%} of the steps, a step whose "
             f"train/loss exceeds the lowest smoothed loss so far by more than {SPIKE_RISE:.0%} (consecutive steps "
-            "count once), summed over the runs. val/bpb: mean ± 95% CI over the complete runs with a finite value; "
+            "count once), summed over the runs. val/bpb: mean ± 95% CI over the seeds of the complete runs with a "
+            "finite value (a seed's reruns averaged); "
             "Δ: paired vs the no-XSA arm at the same optimizer and lr scale.", "",
             md_table(["optimizer", "XSA", "lr scale", "runs", "diverged", "spikes", "final val/bpb",
                       "Δ val/bpb vs baseline"], table), ""]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter, defaultdict
@@ -17,7 +18,8 @@ from xsa_exp.arm import Arm
 from xsa_exp.errors import UserError
 from xsa_exp.report.sweep import expected_jobs
 
-HEADLINE = re.compile(r"(Chat)?CORE( \d+/\d+)?")  # summary.json names: CORE, CORE 18/22, ChatCORE, ChatCORE 3/5
+# summary.json's names (CORE, CORE 18/22, ChatCORE, ChatCORE 3/5), with the cap on examples per task where one was set
+HEADLINE = re.compile(r"(Chat)?CORE( \d+/\d+)?( \(\d+ per task\))?")
 
 
 class ReportError(UserError):
@@ -31,15 +33,16 @@ class RunProblem(Exception):
 # Config keys whose values, where they differ between runs of one depth, make those runs different settings (e.g.
 # "tiny · sequence_len=512"), compared and trended apart: the stack, the model's shape and switches, the optimizer's
 # hyperparameters, the training length (by the key that set it: see load_run), batch and clipping, the corpus and
-# its files, shards and tokenizer, the precision and compilation (both move the last bits), and what the final
-# val/bpb covers (VAL_SCOPE). The arm's keys (xsa.* but its eps, the optimizer) and the seed are not settings, nor is
-# a key that only the optimizer arm changes (optim=adamw's matrix lr).
+# its files, shards, order and tokenizer, the precision, Newton-Schulz dtype and compilation (each moves the last
+# bits), and what the final val/bpb covers (VAL_SCOPE). The arm's keys (xsa.* but its eps, the optimizer) and the seed
+# are not settings, nor is a key that only the optimizer arm changes (optim=adamw's matrix lr).
 LENGTH_KEYS = ("train.max_steps", "train.target_tokens", "train.epochs", "train.param_data_ratio")
 VAL_SCOPE = "val_scope"  # a bpb over other tokens is another measurement: runs that differ in it are never paired
 SETTING_KEYS = ("stack_name", "model.", "xsa.eps", "optim.width_lr_scaling", "optim.muon.", "optim.lr.",
                 "optim.adamw.", "optim.schedule.", "optim.transfer.", *LENGTH_KEYS, "train.total_batch_tokens",
-                "train.grad_clip", "train.compile", "data.name", "data.repo", "data.num_train_shards", "data.path",
-                "data.val_path", "data.tokenizer_chars", "trainer.precision", VAL_SCOPE)
+                "train.grad_clip", "train.compile", "data.name", "data.repo", "data.num_shards",
+                "data.num_train_shards", "data.path", "data.val_path", "data.text_column", "data.txt_sample_by",
+                "data.tokenizer_chars", "data.shuffle_rows", "data.num_workers", "trainer.precision", VAL_SCOPE)
 
 
 @dataclass
@@ -157,6 +160,9 @@ def load_run(path: Path, label: str) -> Run:
         # them): the others were ignored. Not the resolved step count, which an epoch of SFT rows varies by seed.
         deciding = next((k for k in LENGTH_KEYS if config.get(k)), None)
         config = {k: v for k, v in config.items() if k not in LENGTH_KEYS or k == deciding}
+        # What the run computed in (run.json), not config.yaml's "auto", which each machine resolves: one config
+        # trains in bf16 on a GPU and fp32 on a CPU, with Newton-Schulz in bf16 or fp32 by the CPU.
+        config["trainer.precision"], config["optim.muon.ns_dtype"] = info["precision"], info["ns_dtype"]
         arm = Arm.of_run(info, str(config["xsa.parametrization"]))
         depth, seed = stage_depth(info), int(info["seed"])
     except (OSError, ValueError, yaml.YAMLError) as e:  # JSONDecodeError and pandas' parser errors are ValueErrors
@@ -265,9 +271,21 @@ def add_final_values(run: Run) -> None:
             continue
         for name, value in summary["metrics"].items():
             if name == "val/bpb" or HEADLINE.fullmatch(name):
+                name = name if name == "val/bpb" else with_example_cap(name, folder, summary)
                 run.finals[name], run.sources[name] = float(value), folder
         if "val/bpb" in summary["metrics"]:
             run.val_scope = summary.get("val_scope")
+
+
+def with_example_cap(name: str, folder: Path, summary: dict) -> str:
+    """A CORE or ChatCORE over at most N examples per task (eval.core_max_per_task, eval.chatcore.max_per_task) is
+    another measurement than over every example, never paired with it: "CORE (100 per task)"."""
+    if name.startswith("Chat"):
+        record = json.loads((folder / rd.CHATCORE_INFO).read_text()) if (folder / rd.CHATCORE_INFO).is_file() else {}
+    else:
+        record = summary.get("core") or {}
+    cap = record.get("max_per_task")
+    return f"{name} ({cap} per task)" if cap else name
 
 
 def last_alpha(path: Path) -> np.ndarray | None:

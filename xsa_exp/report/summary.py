@@ -168,8 +168,9 @@ def markdown(groups: dict[str, list[Cell]]) -> str:
              "seeds, 95% t-interval. SD: of the per-seed Δ; 95% PI: where one new seed pair's Δ would fall "
              "(Δ ± t·SD·√(1 + 1/n)). p: the paired t-test's, two-sided; Holm: p adjusted within the question's family, "
              "its report's paired Δ val/bpb tests (their number in \"tests\"), so a Holm p below 0.05 stays a call at "
-             "5% however many cells the question tested. Where a numbers.csv predates p-values, p and SD are "
-             "recovered from its interval exactly.", ""]
+             "5% however many cells the question tested, at seeds fixed in advance (a cell given seeds 6-10 by the "
+             "seed rule errs more often: docs/results/README.md, \"Multiplicity and the seed rule\"). Where a "
+             "numbers.csv predates p-values, p and SD are recovered from its interval exactly.", ""]
     for recipe, cells in groups.items():
         rows = [[c.question, c.title, f"`{c.label}`", c.arm, num(c.delta.value, sign=True),
                  f"[{num(c.delta.low, sign=True)}, {num(c.delta.high, sign=True)}]", str(c.delta.n), num(c.delta.sd),
