@@ -93,9 +93,10 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
     for example in humaneval_examples():
         whole = example["prompt"] + example["canonical_solution"]
         fenced = f"Here you go:\n```python\n{whole}\n```\nDone."
-        body = example["canonical_solution"]
-        for reply in (whole, fenced, body):
+        for reply in (whole, fenced):
             assert run_humaneval(example, reply, *LIMITS).passed, example["task_id"]
+        # nanochat's rule: the reply defines the function; the body alone is not continued from the prompt
+        assert not run_humaneval(example, example["canonical_solution"], *LIMITS).passed
         wrong = example["prompt"] + "    return None\n"
         assert not run_humaneval(example, wrong, *LIMITS).passed
         no_newline = f"{whole}\nprint('no newline', end='')\n"

@@ -190,16 +190,20 @@ def same_answer(predicted: str | None, reference: str) -> bool:
 
 
 def humaneval_program(example: dict, reply: str, marker: str) -> str:
-    """The reply's code, the task's tests and their call, then `marker` printed: the tests ran to their end."""
-    blocks = re.findall(r"```(?:python)?[ \t]*\n(.*?)```", reply, re.DOTALL)
-    code = blocks[0] if blocks else reply
-    if f"def {example['entry_point']}(" not in code:  # the body alone: continue the prompt's signature
-        code = example["prompt"] + code
-    else:
-        imports = [line for line in example["prompt"].splitlines() if line.startswith(("import ", "from "))]
-        code = "\n".join(imports) + "\n\n" + code
-    # On a line of its own: the reply's code may have left its last output without a newline.
-    return f"{code}\n\n{example['test']}\n\ncheck({example['entry_point']})\nprint()\nprint({marker!r})\n"
+    """As nanochat's tasks/humaneval.py assembles it: the prompt's leading imports, the reply's first code block (or
+    the whole reply), which must define the function itself, the task's tests and their call; then `marker`
+    printed: the tests ran to their end."""
+    blocks = re.findall(r"```(?:python)?\s*\n(.*?)\n```", reply, re.DOTALL)
+    code = (blocks[0] if blocks else reply).strip()
+    imports = []
+    for line in (line.strip() for line in example["prompt"].splitlines()):
+        if line.startswith(("import ", "from ")):
+            imports.append(line)
+        elif line and not line.startswith("#"):
+            break
+    header = "\n".join(imports)
+    # The marker on a line of its own: the reply's code may have left its last output without a newline.
+    return f"{header}\n\n{code}\n\n{example['test']}\ncheck({example['entry_point']})\nprint()\nprint({marker!r})\n"
 
 
 def run_humaneval(example: dict, reply: str, timeout_s: float, memory_mb: int,
