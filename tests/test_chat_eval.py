@@ -122,13 +122,18 @@ def test_every_humaneval_canonical_solution_passes_in_the_sandbox():
     assert len(examples) == 164 and failed == []
 
 
-def test_calculator_evaluates_arithmetic_and_nothing_else():
-    assert calculate("3*4") == "12" and calculate("1,000 / 8") == "125" and calculate("10/4") == "2.5"
-    assert calculate("2 ** 10 - (3 % 2)") == "1023" and calculate("-7 // 2") == "-4"
-    for bad in ("__import__('os').system('true')", "9 ** 9 ** 9", "1 / 0", "x + 1", "", "'a' * 3",
-                "((((10**64)**64)**64)**64)**64", "((10**64)**64)**2", "1e308 * 10", "2.0 ** 60 ** 2"):
-        assert calculate(bad) is None, bad  # powers of powers would hang, a 4,300-digit int cannot print
-    assert calculate("2 ** 64") == "18446744073709551616" and calculate("1.5 ** 2") == "2.25"
+def test_the_calculator_answers_what_nanochats_answers():
+    """nanochat's use_calculator (engine.py): Python's value of + - * / // arithmetic, ** and % refused, commas
+    dropped; a string's .count(); nothing else."""
+    answers = {"3*4": "12", "1,000 / 8": "125.0", "10/2": "5.0", "1/3": "0.3333333333333333",
+               "80000*1.5": "120000.0", "-7 // 2": "-4", "(2+3)*-1": "-5", " 12 - 0.5 ": "11.5",
+               "'strawberry'.count('r')": "3", '"banana".count("an")': "2", "'Mississippi'.lower().count('s')": "4"}
+    for expression, answer in answers.items():
+        assert calculate(expression) == answer, expression
+    for refused in ("2**3", "7%3", "2 ** 64", "__import__('os').system('true')", "open('x').read()",
+                    "'a'.__class__", "x + 1", "1 / 0", "", "'a' * 3", "'abc'.upper()", "count('a')",
+                    "'x'.center(999999999).count('x')", "99999999*" * 600 + "9"):
+        assert calculate(refused) is None, refused[:40]
 
 
 def test_tool_calls_get_their_result_forced_into_the_answer(tokenizer):

@@ -64,6 +64,12 @@ def test_gsm8k_calculator_notes_become_tool_calls_or_are_dropped():
     with_tools = gsm8k_conversation(row, tool_calls=True)[1]["content"]
     assert with_tools == [{"type": "text", "text": "3 * 4 = "}, {"type": "python", "text": "3*4"},
                           {"type": "python_output", "text": "12"}, {"type": "text", "text": "12 apples.\n#### 12"}]
+    # nanochat's split of a note: at its last "=", a note without one all expression; "<<>>" is text
+    odd = {"question": "?", "answer": "<<a=b=3>> <<7*2>> <<>>"}
+    assert [p for p in gsm8k_conversation(odd, tool_calls=True)[1]["content"] if p["type"] != "text"] == [
+        {"type": "python", "text": "a=b"}, {"type": "python_output", "text": "3"},
+        {"type": "python", "text": "7*2"}, {"type": "python_output", "text": ""}]
+    assert "<<>>" in "".join(p["text"] for p in gsm8k_conversation(odd, tool_calls=True)[1]["content"])
 
 
 def test_packed_rows_train_only_assistant_tokens(tokenizer):

@@ -8,15 +8,15 @@ keeps the padding out of every real token's attention, so each row continues as 
 own value, exactly as the full forward does (tested against full recomputation).
 
 Tool use (nanochat's GSM8K calculator): when a row closes a <|python_start|> expression
-<|python_end|> call, the expression is evaluated as arithmetic and <|output_start|> result
+<|python_end|> call, the expression is evaluated as nanochat's calculator does and <|output_start|> result
 <|output_end|> is forced into that row, token by token, before the model samples again.
 """
 
 from __future__ import annotations
 
 import ast
-import math
 import operator
+import string
 from collections import deque
 from collections.abc import Iterable
 
@@ -131,46 +131,53 @@ class CalculatorTool:
         return tokens
 
 
+# nanochat's calculator (engine.py, use_calculator): arithmetic in these characters, or a string's .count(...) in
+# those, its words refused; the result as Python prints it.
+ARITHMETIC_CHARS = frozenset("0123456789*+-/.() ")
+STRING_CHARS = frozenset(string.ascii_letters + string.digits + "'\"()._ ")
+REFUSED_WORDS = ("__", "import", "exec", "eval", "compile", "open", "file", "input", "raw_input", "globals", "locals",
+                 "vars", "dir", "getattr", "setattr", "delattr", "hasattr")
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-             ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-             ast.USub: operator.neg, ast.UAdd: operator.pos}
-
-
-MAX_BITS = 4096  # the largest integer the calculator computes: far past any grade-school answer, fast to print
-
-
-def magnitude_bits(number: float) -> int:
-    """About log2 |number|: an int's bit length, a float's binary exponent (0 for |x| < 1)."""
-    if isinstance(number, int):
-        return abs(number).bit_length()
-    return max(0, math.frexp(number)[1]) if math.isfinite(number) else MAX_BITS + 1
+             ast.FloorDiv: operator.floordiv, ast.USub: operator.neg, ast.UAdd: operator.pos}
+MAX_BITS = 4096  # the largest number computed: far past any grade-school answer, fast to print
+MAX_TEXT = 1_000_000  # the longest string a method call may make ('a'.center(10**9) would take a GB)
 
 
 def calculate(expression: str) -> str | None:
-    """The value of an arithmetic expression (numbers, + - * / // % **, parentheses; "1,000" is 1000) as
-    GSM8K writes it, or None when it is not one. Parsed, never eval'd: a model's text runs nothing."""
-    def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    """nanochat's calculator's answer to a tool call, or None where it gives none: arithmetic of numbers with
+    + - * / // and parentheses ("1,000" is 1000; ** refused), or a string method call such as
+    'strawberry'.count('r'); the value as Python prints it ("10/2" gives 5.0). Parsed, never eval'd: a model's text
+    runs nothing. (Past MAX_BITS or MAX_TEXT it answers None, where nanochat's 3 s time limit would decide.)"""
+    expression = expression.replace(",", "").strip()
+    if set(expression) <= ARITHMETIC_CHARS:
+        if "**" in expression:
+            return None
+    elif not (set(expression) <= STRING_CHARS and ".count(" in expression
+              and not any(word in expression.lower() for word in REFUSED_WORDS)):
+        return None
+
+    def value(node: ast.AST):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float, str):
             return node.value
         if isinstance(node, ast.UnaryOp) and type(node.op) in OPERATORS:
             return OPERATORS[type(node.op)](value(node.operand))
         if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
-            left, right = value(node.left), value(node.right)
-            # Bounded before computing: 10**10**10, or a power of a power, would hang the evaluation.
-            if isinstance(node.op, ast.Pow) and (abs(right) > 64 or magnitude_bits(left) * abs(right) > MAX_BITS):
-                raise ValueError("power too large")
-            result = OPERATORS[type(node.op)](left, right)
-            if magnitude_bits(result) > MAX_BITS:
+            result = OPERATORS[type(node.op)](value(node.left), value(node.right))
+            if isinstance(result, int) and result.bit_length() > MAX_BITS:
                 raise ValueError("result too large")
             return result
-        raise ValueError(f"not arithmetic: {ast.dump(node)[:40]}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.keywords \
+                and not node.func.attr.startswith("_"):
+            receiver = value(node.func.value)
+            result = getattr(receiver, node.func.attr)(*[value(arg) for arg in node.args])
+            if isinstance(result, str) and len(result) > MAX_TEXT:
+                raise ValueError("text too long")
+            return result
+        raise ValueError(f"not a calculation: {ast.dump(node)[:40]}")
 
     try:
-        result = value(ast.parse(expression.replace(",", "").strip(), mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, TypeError, RecursionError):
+        result = value(ast.parse(expression, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, TypeError, AttributeError, RecursionError,
+            MemoryError):
         return None
-    if isinstance(result, float):
-        if not math.isfinite(result):
-            return None
-        return str(int(result)) if result.is_integer() else f"{result:.6g}"
-    return str(result)
+    return None if result is None else str(result)

@@ -253,7 +253,7 @@ class SftDataConfig(DataConfig):
     name: str = key("sft", "the SFT chat mixture (stage=sft)", choices=("sft",))
     train_sources: Dict[str, ChatSourceConfig] = key(help="training sources by name", factory=dict)
     val_sources: Dict[str, ChatSourceConfig] = key(help="validation sources by name", factory=dict)
-    gsm8k_tool_calls: bool = key(False, "GSM8K's calculator notes as tool calls (evaluate with chatcore.tool_use)")
+    gsm8k_tool_calls: bool = key(True, "GSM8K's calculator notes as tool calls, as nanochat (false: dropped)")
 
 
 @dataclass

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 
 LETTERS = "ABCDEFGHIJ"
-CALCULATOR_NOTE = re.compile(r"(<<[^>]*>>)")
+CALCULATOR_NOTE = re.compile(r"(<<[^>]+>>)")
 
 
 def multiple_choice_prompt(question: str, choices: list[str]) -> str:
@@ -32,7 +32,8 @@ def gsm8k_conversation(row: dict, tool_calls: bool) -> list[dict]:
         if not CALCULATOR_NOTE.fullmatch(piece):
             parts.append({"type": "text", "text": piece})
         elif tool_calls:
-            expression, _, value = piece[2:-2].rpartition("=")
+            note = piece[2:-2]  # nanochat's split: the last "=" parts the expression from its value
+            expression, value = note.rsplit("=", 1) if "=" in note else (note, "")
             parts += [{"type": "python", "text": expression}, {"type": "python_output", "text": value}]
     return [{"role": "user", "content": row["question"]}, {"role": "assistant", "content": parts}]
 

@@ -8,8 +8,8 @@ the same call. Its `format` says how a row becomes a conversation:
 - mmlu: question, choices, answer (an index) -> the multiple-choice prompt the chat evaluation asks,
   answered with the letter (MMLU's auxiliary_train rows come wrapped in a `train` field);
 - gsm8k: question, answer (worked solution with <<expression=value>> calculator notes, "#### result")
-  -> with `data.gsm8k_tool_calls` each note becomes a calculator tool call and its output (as nanochat),
-  else the notes are dropped from the text.
+  -> each note becomes a calculator tool call and its output (as nanochat), or with
+  `data.gsm8k_tool_calls=false` is dropped from the text.
 
 Conversations are shuffled (seeded), rendered (chat.py), and packed like documents: concatenated (each
 starts with BOS) and cut into rows of sequence_len + 1. Only the assistant's tokens are targets
