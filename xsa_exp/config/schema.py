@@ -368,9 +368,9 @@ class ChatCoreConfig:
     max_new_tokens: int = key(512, "tokens per GSM8K / HumanEval answer", ge=1)
     tool_use: Optional[bool] = key(None, "calculator tool calls in answers; null = as the run's SFT data")
     batch_size: int = key(8, "prompts per forward pass and per generation batch", ge=1)
-    humaneval_timeout_s: float = key(10, "per program, wall clock (and CPU)", gt=0)
-    humaneval_memory_mb: int = key(1024, "memory limit per program; Python and HumanEval's tests need about 24",
-                                   ge=64)
+    humaneval_timeout_s: float = key(5, "per program, wall clock (and CPU); nanochat's 5", gt=0)
+    humaneval_memory_mb: int = key(256, "address space per program, nanochat's 256; Python and HumanEval's tests "
+                                   "need about 24", ge=64)
     mmlu: MmluConfig = field(default_factory=MmluConfig)
 
 
