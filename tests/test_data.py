@@ -11,7 +11,7 @@ import torch
 
 from xsa_exp.config.schema import SampleDataConfig, WikiDataConfig
 from xsa_exp.data.datamodule import TextDataModule, unigram_bits_per_byte
-from xsa_exp.data.packing import cut_rows, pack_documents, packed_rows
+from xsa_exp.data.packing import best_fit_rows, cut_rows, pack_documents, packed_rows
 from xsa_exp.data.streaming import EpochPermutations, buffer_shuffle
 from xsa_exp.data.tokenizer import SPECIAL_TOKENS, Tokenizer, char_budget, load_or_train_tokenizer
 from xsa_exp.eval.bpb import BitsPerByte, evaluate_bpb
@@ -114,6 +114,43 @@ def test_streamed_packing_gives_the_rows_of_packing_everything_at_once(tokenizer
     streamed = list(packed_rows(tokenizer, batches, 9))
     assert torch.equal(torch.stack(streamed), cut_rows(pack_documents(tokenizer, texts), 9))
     assert all(row._base is None for row in streamed)  # copies: no row pins its batch's tokens
+
+
+class LengthTokenizer:
+    """A text of n characters is n tokens of id 1; BOS is 0: rows show which documents they hold."""
+    bos_id = 0
+
+    @staticmethod
+    def encode_batch(texts):
+        return [[1] * len(text) for text in texts]
+
+
+def test_best_fit_packing_takes_the_longest_document_that_fits_and_crops_when_none_does():
+    """Documents of 5, 3, 8 and 2 tokens (BOS included) into rows of 8: the 8 alone, then 5 and 3; the 2 left over
+    (the stream's end) is dropped. Into rows of 4: none fits, so the shortest is cropped to fill each row."""
+    texts = ["a" * 4, "b" * 2, "c" * 7, "d"]
+    rows = [row.tolist() for row in best_fit_rows(LengthTokenizer(), [texts], 8)]
+    assert rows == [[0] + [1] * 7, [0, 1, 1, 1, 1, 0, 1, 1]]
+    rows = [row.tolist() for row in best_fit_rows(LengthTokenizer(), [["a" * 5, "b" * 8]], 4)]
+    assert rows == [[0, 1, 1, 1], [0, 1, 1, 1]]
+
+
+def test_best_fit_packing_refills_its_buffer_a_chunk_of_128_documents_at_a_time_below_1000():
+    """As nanochat's loader: the first row chooses among documents 0-1023 (8 chunks of 128), so document 1010, a
+    perfect fit, fills it alone; document 1030 is not yet there."""
+    texts = ["a"] * 1100
+    texts[1010], texts[1030] = "b" * 99, "c" * 99
+    first = next(best_fit_rows(LengthTokenizer(), [texts[:600], texts[600:]], 100))
+    assert first.tolist() == [0] + [1] * 99  # one document, not fifty of two tokens
+    rows = list(best_fit_rows(LengthTokenizer(), [texts[:600], texts[600:]], 100))
+    assert len(rows) == 2 + (1098 * 2) // 100  # both long ones whole, the short ones 50 to a row
+
+
+def test_best_fit_rows_of_real_text_start_at_a_document_and_hold_each_at_most_once(tokenizer):
+    texts = [TEXTS[i % len(TEXTS)][: 5 + 7 * i] for i in range(25)]
+    rows = list(best_fit_rows(tokenizer, [texts[:10], texts[10:]], 33))
+    assert rows and all(len(row) == 33 and row[0] == tokenizer.bos_id for row in rows)
+    assert sum(int((row == tokenizer.bos_id).sum()) for row in rows) <= len(texts)
 
 
 def test_char_budget_takes_documents_in_order_and_cuts_the_last():

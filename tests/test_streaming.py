@@ -22,7 +22,7 @@ from xsa_exp.config.checks import validate
 from xsa_exp.config.schema import data_settings
 from xsa_exp.data import sources
 from xsa_exp.data.datamodule import TextDataModule
-from xsa_exp.data.packing import packed_rows
+from xsa_exp.data.packing import PACKINGS
 from xsa_exp.data.sources import DataError, read_documents
 from xsa_exp.data.tokenizer import Tokenizer
 from xsa_exp.errors import ConfigError
@@ -76,9 +76,9 @@ def take_rows(data, n_rows) -> torch.Tensor:
 
 
 def epoch_rows(data) -> torch.Tensor:
-    """One epoch of training rows in file order (before shuffling)."""
+    """One epoch of training rows in file order (before shuffling), packed as data.packing says."""
     files = read_documents(data.corpus, data.corpus.train_files)
-    return torch.stack(list(packed_rows(data.tokenizer, files, SEQ + 1)))
+    return torch.stack(list(PACKINGS[data.data_cfg.packing](data.tokenizer, files, SEQ + 1)))
 
 
 def decoded(data, rows) -> str:
@@ -162,10 +162,13 @@ def test_climbmix_mirror_yields_rows_and_holds_out_the_last_shard(mirror, cache,
     assert data.unigram_bpb is None and data.token_bytes.shape == (VOCAB,)
 
 
-def test_validation_rows_are_the_first_tokens_of_the_validation_shard(mirror, cache):
-    data = datamodule(climbmix_cfg(mirror), cache)
+@pytest.mark.parametrize("packing", ["bestfit", "concat"])
+def test_validation_rows_are_the_first_rows_of_the_validation_shard(mirror, cache, packing):
+    data = datamodule(climbmix_cfg(mirror, f"data.packing={packing}"), cache)
     files = read_documents(data.corpus, data.corpus.val_files)
-    expected = torch.stack(list(islice(packed_rows(data.tokenizer, files, SEQ + 1), 25)))
+    expected = torch.stack(list(islice(PACKINGS[packing](data.tokenizer, files, SEQ + 1), 25)))
+    if packing == "bestfit":  # nanochat's rows: each starts at a document
+        assert (expected[:, 0] == data.tokenizer.bos_id).all()
     assert torch.equal(torch.cat(data.val_batches(5 * SEQ)), expected[:5].long())
     assert torch.equal(torch.cat(data.val_batches(25 * SEQ)), expected.long())  # a larger request reads further
     assert torch.equal(torch.cat(data.val_batches(25 * SEQ, rank=1, world_size=2)), expected[1::2].long())

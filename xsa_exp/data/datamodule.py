@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 from xsa_exp.cluster import rank_cpus
 from xsa_exp.config.schema import DataConfig
 from xsa_exp.data.corpus import EMBEDDED_CORPORA
-from xsa_exp.data.packing import cut_rows, inputs_and_targets, pack_documents, packed_rows
+from xsa_exp.data.packing import cut_rows, inputs_and_targets, pack_documents
 from xsa_exp.data.sft import conversation_rows, load_conversations
 from xsa_exp.data.sources import DataError, read_documents, streamed_corpus
 from xsa_exp.data.streaming import EpochPermutations, RankBatches, StreamedRows
@@ -108,7 +108,7 @@ class TextDataModule(L.LightningDataModule):
             self.setup_embedded(row_len)
             return
         self.train_rows = StreamedRows(self.corpus, self.tokenizer, row_len, self.seed, self.data_cfg.shuffle_rows,
-                                       self.cpus)
+                                       self.cpus, self.data_cfg.packing)
         # Read on first use: how many rows depends on the caller (eval.val_tokens, evaluate.py's val_tokens).
         self.val_rows, self.val_complete = torch.empty(0, row_len, dtype=torch.int32), False
         # A unigram baseline would need the training tokens counted; a streamed corpus has no such pass.
@@ -212,7 +212,7 @@ class TextDataModule(L.LightningDataModule):
         """The first n_rows validation rows (all if None or the split has fewer), int32 (n, sequence_len + 1)."""
         if (n_rows is None or len(self.val_rows) < n_rows) and not self.val_complete:
             files = read_documents(self.corpus, self.corpus.val_files)
-            rows = list(islice(packed_rows(self.tokenizer, files, self.sequence_len + 1), n_rows))
+            rows = list(islice(self.train_rows.pack(self.tokenizer, files, self.sequence_len + 1), n_rows))
             if not rows:
                 raise DataError(f"the validation files of data={self.corpus.name} "
                                 f"({', '.join(self.corpus.val_files)}) hold fewer than sequence_len + 1 = "

@@ -32,7 +32,7 @@ from itertools import count, islice
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from xsa_exp.data.packing import packed_rows
+from xsa_exp.data.packing import PACKINGS
 from xsa_exp.data.sources import DataError, StreamedCorpus, read_documents
 from xsa_exp.data.tokenizer import Tokenizer
 
@@ -81,17 +81,17 @@ class StreamedRows:
     """A streamed corpus's training files, each reader's share packed and shuffled through its own buffer."""
 
     def __init__(self, corpus: StreamedCorpus, tokenizer: Tokenizer, row_len: int, seed: int, buffer_rows: int,
-                 cpus: int):
-        """cpus: the rank's share of the CPUs, which its data loader workers share."""
+                 cpus: int, packing: str):
+        """cpus: the rank's share of the CPUs, which its data loader workers share; packing: data.packing."""
         self.corpus, self.tokenizer, self.row_len = corpus, tokenizer, row_len
-        self.seed, self.buffer_rows, self.cpus = seed, buffer_rows, cpus
+        self.seed, self.buffer_rows, self.cpus, self.pack = seed, buffer_rows, cpus, PACKINGS[packing]
 
     def epoch_rows(self, epoch: int, reader: int, readers: int) -> Iterator[torch.Tensor]:
         """One epoch of reader `reader` of `readers`: its share of the documents, packed and shuffled."""
         documents = read_documents(self.corpus, self.corpus.train_files, reader, readers)
         # One seed per (seed, epoch, reader) for a given number of readers; a single reader's is epoch_seed's.
         rng = random.Random(epoch_seed(self.seed, epoch) * readers + reader)
-        return buffer_shuffle(packed_rows(self.tokenizer, documents, self.row_len), self.buffer_rows, rng)
+        return buffer_shuffle(self.pack(self.tokenizer, documents, self.row_len), self.buffer_rows, rng)
 
     def reader_rows(self, reader: int, readers: int) -> Iterator[torch.Tensor]:
         """Reader `reader` of `readers`, epoch after epoch."""
