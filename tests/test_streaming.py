@@ -123,17 +123,24 @@ def test_climbmix_mirror_trains_the_tokenizer_within_the_char_budget(mirror, tmp
     assert sum(map(len, seen)) == 5000  # the corpus has more: the budget is used up exactly
     assert seen[0] == documents(0, 1, TRAIN_MARK)[0] and VAL_MARK not in "".join(seen)
     assert data.tokenizer.vocab_size == VOCAB and data.tokenizer_dir.name == data.tokenizer_key
-    assert data.tokenizer_key.endswith("-c5000-v300")
+    assert data.tokenizer_key.endswith("-c5000-d10000-v300")  # ClimbMix's documents cut at nanochat's 10,000
+
+    capped = datamodule(climbmix_cfg(mirror, "data.tokenizer_chars=2000", "data.tokenizer_doc_chars=40"), tmp_path)
+    seen = json.loads(texts_seen.read_text())
+    assert sum(map(len, seen)) == 2000 and max(map(len, seen)) == 40
+    assert seen[:2] == [d[:40] for d in documents(0, 2, TRAIN_MARK)]
+    assert capped.tokenizer_key.endswith("-c2000-d40-v300")
 
     monkeypatch.setattr(Tokenizer, "train", classmethod(lambda *a: pytest.fail("retrained a cached tokenizer")))
     again = datamodule(climbmix_cfg(mirror, "data.tokenizer_chars=5000"), tmp_path)
     assert again.tokenizer_dir == data.tokenizer_dir
-    # The key names the corpus (its training shards), the budget and the vocabulary.
+    # The key names the corpus (its training shards), the budget, the documents' cut and the vocabulary.
     keys = {TextDataModule(data_settings(climbmix_cfg(mirror, *o).data), SEQ, v, BATCH, 0, str(tmp_path)).tokenizer_key
             for o, v in [(["data.tokenizer_chars=5000"], VOCAB),
                          (["data.tokenizer_chars=5000", "data.num_train_shards=2"], VOCAB),
-                         (["data.tokenizer_chars=6000"], VOCAB), (["data.tokenizer_chars=5000"], 301)]}
-    assert len(keys) == 4
+                         (["data.tokenizer_chars=6000"], VOCAB), (["data.tokenizer_chars=5000"], 301),
+                         (["data.tokenizer_chars=5000", "data.tokenizer_doc_chars=null"], VOCAB)]}
+    assert len(keys) == 5
 
 
 def test_climbmix_mirror_yields_rows_and_holds_out_the_last_shard(mirror, cache, monkeypatch):

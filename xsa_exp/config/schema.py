@@ -210,6 +210,7 @@ class WikiDataConfig(DataConfig):
                                               "split (4.8M)", ge=1)
 
 
+DOC_CHARS_HELP = "the tokenizer learns from each document's first N characters (nanochat's 10,000); null = all"
 PACKING_HELP = ("rows, training and validation: bestfit = nanochat's (each row starts at a document; documents "
                 "best fitted from a buffer of 1,000, the last one cropped), concat = documents cut into rows")
 
@@ -223,6 +224,7 @@ class ClimbmixDataConfig(DataConfig):
                                           ge=1)
     local_dir: Optional[str] = key(None, "a folder holding the shards; null = stream from the hub")
     tokenizer_chars: int = key(2_000_000_000, "characters of training text the tokenizer learns from", ge=1)
+    tokenizer_doc_chars: Optional[int] = key(10_000, DOC_CHARS_HELP, ge=1)
     packing: str = key("bestfit", PACKING_HELP, choices=("bestfit", "concat"))
     shuffle_rows: int = key(4096, "rows shuffled in a buffer per reader", ge=1)
     num_workers: int = key(1, "DataLoader workers per rank; 0 = read in the training process", ge=0)
@@ -239,6 +241,7 @@ class LocalDataConfig(DataConfig):
     txt_sample_by: str = key("document", "a .txt document: the whole file, a paragraph or a line",
                              choices=("document", "paragraph", "line"))
     tokenizer_chars: int = key(2_000_000_000, "characters of training text the tokenizer learns from", ge=1)
+    tokenizer_doc_chars: Optional[int] = key(None, DOC_CHARS_HELP, ge=1)
     packing: str = key("concat", PACKING_HELP, choices=("bestfit", "concat"))
     shuffle_rows: int = key(4096, "rows shuffled in a buffer per reader", ge=1)
     num_workers: int = key(1, "DataLoader workers per rank; 0 = read in the training process", ge=0)

@@ -63,7 +63,9 @@ class TextDataModule(L.LightningDataModule):
         self.cache_dir = Path(cache_dir).expanduser()
         # null: the whole training split (embedded corpora only); data=sft has none (the base run's tokenizer).
         self.tokenizer_chars = None if data_cfg.name == "sft" else data_cfg.tokenizer_chars  # sft: its base run's
+        self.tokenizer_doc_chars = data_cfg.tokenizer_doc_chars if self.corpus is not None else None  # streamed only
         budget = "" if self.tokenizer_chars is None else f"-c{self.tokenizer_chars}"
+        budget += "" if self.tokenizer_doc_chars is None else f"-d{self.tokenizer_doc_chars}"
         self.tokenizer_key = f"{data_cfg.name}-{fingerprint}{budget}-v{vocab_size}"
         self.tokenizer: Tokenizer | None = None
         self.tokenizer_dir = tokenizer_dir
@@ -75,7 +77,8 @@ class TextDataModule(L.LightningDataModule):
         if self.corpus is None:
             texts = self.load_embedded()["train"]
         else:
-            texts = (text for batch in read_documents(self.corpus, self.corpus.train_files) for text in batch)
+            cap = self.tokenizer_doc_chars
+            texts = (text[:cap] for batch in read_documents(self.corpus, self.corpus.train_files) for text in batch)
         return texts if self.tokenizer_chars is None else char_budget(texts, self.tokenizer_chars)
 
     def prepare_data(self) -> None:

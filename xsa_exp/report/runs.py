@@ -42,8 +42,8 @@ SETTING_KEYS = ("stack_name", "model.", "xsa.eps", "optim.width_lr_scaling", "op
                 "optim.adamw.", "optim.schedule.", "optim.transfer.", *LENGTH_KEYS, "train.total_batch_tokens",
                 "train.grad_clip", "train.compile", "data.name", "data.repo", "data.num_shards",
                 "data.num_train_shards", "data.path", "data.val_path", "data.text_column", "data.txt_sample_by",
-                "data.tokenizer_chars", "data.packing", "data.shuffle_rows", "data.num_workers", "trainer.precision",
-                VAL_SCOPE)
+                "data.tokenizer_chars", "data.tokenizer_doc_chars", "data.packing", "data.shuffle_rows",
+                "data.num_workers", "trainer.precision", VAL_SCOPE)
 
 
 @dataclass
