@@ -140,7 +140,9 @@ REFUSED_WORDS = ("__", "import", "exec", "eval", "compile", "open", "file", "inp
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
              ast.FloorDiv: operator.floordiv, ast.USub: operator.neg, ast.UAdd: operator.pos}
 MAX_BITS = 4096  # the largest number computed: far past any grade-school answer, fast to print
-MAX_TEXT = 1_000_000  # the longest string a method call may make ('a'.center(10**9) would take a GB)
+# The longest string a method call may make, and the largest number it may take, checked before the call: a call such
+# as 'a'.center(9999999999), or replaces chained on a grown string, would otherwise take the host's memory.
+MAX_TEXT = 10_000
 
 
 def calculate(expression: str) -> str | None:
@@ -168,8 +170,10 @@ def calculate(expression: str) -> str | None:
             return result
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.keywords \
                 and not node.func.attr.startswith("_"):
-            receiver = value(node.func.value)
-            result = getattr(receiver, node.func.attr)(*[value(arg) for arg in node.args])
+            receiver, args = value(node.func.value), [value(arg) for arg in node.args]
+            if any(isinstance(arg, int) and abs(arg) > MAX_TEXT for arg in args):
+                raise ValueError("argument too large")
+            result = getattr(receiver, node.func.attr)(*args)
             if isinstance(result, str) and len(result) > MAX_TEXT:
                 raise ValueError("text too long")
             return result
