@@ -87,7 +87,7 @@ def plot_per_layer(depth: str, results: list[ArmResult], path: Path, panels: dic
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     if plotted:
-        axes[0].legend(fontsize=8)
+        next(ax for ax in axes if ax.lines).legend(fontsize=8)  # on a panel that has lines: the first may have none
         fig.savefig(path, dpi=110)
     return plotted
 
