@@ -22,8 +22,9 @@ The parts, in order, within --budget-s (JSON keys in quotes; gpu_runs.json is re
    block masks on CUDA; no lr warmup, which is longer than these runs), alpha = 1, the presets' precision and loss
    head (trainer.precision=bf16-compute, model.fused_loss_head=true; --precision and --fused-loss-head set others),
    the preset's micro-batch, a console line (a host sync) every 10 updates as in the study, and a parquet corpus
-   written here and streamed by data=local's loader and its worker (documents of random words, so that a
-   32,768-token BPE can be learned; the text does not matter for speed). Each run takes 2 warm-up updates (the
+   written here and streamed by data=local's loader and its worker, packed as the presets' ClimbMix is
+   (data.packing=bestfit; documents of random words, so that a 32,768-token BPE can be learned; the text does not
+   matter for speed). Each run takes 2 warm-up updates (the
    first compiles the forward and Muon's step), 20 steady updates, then 2 profiled updates:
    - warm-up: "start_s" (process start to the first update), "warmup_update_s" (each, synchronized), and
      "warmup_peak_gb"; then the device's peak memory is reset.
@@ -201,7 +202,8 @@ def sync_check(common: list[str], smoke: bool, workdir: Path, env: dict, limit_s
            f"{batch_tokens(cfg) // (cfg.train.device_batch_size * cfg.model.sequence_len)} micro-batches of "
            f"{cfg.train.device_batch_size}, windows {cfg.model.window_pattern}, "
            f"{'compiled' if cfg.train.compile else 'eager'}, {cfg.trainer.precision}, "
-           f"fused loss head {cfg.model.fused_loss_head}, data=local streamed ({cfg.data.num_workers} worker), "
+           f"fused loss head {cfg.model.fused_loss_head}, data=local streamed ({cfg.data.num_workers} worker, "
+           f"{cfg.data.packing} packing), "
            f"{cfg.train.max_steps} updates, a host sync every {cfg.log.print_every}")
     return {"run": run, "limit_s": round(limit_s),
             **run_child("sync_check", {"kind": "sync", "overrides": overrides}, workdir, env, limit_s)}
@@ -730,8 +732,8 @@ def measure_all(args: argparse.Namespace, figures: dict, device: str, started: f
         write_corpus(workdir / "corpus", files=3, docs=300 if args.smoke else 3000)  # learns a 32,768-token BPE
         env = {**os.environ, "XSA_EXP_CACHE": str(workdir / "cache")}  # one tokenizer, learned by the first run
         common = ["data=local", f"data.path={workdir / 'corpus'}", "data.tokenizer_chars=20000000",
-                  *figures["settings"], "stack=nanochat_2604", "optim.schedule.warmup_steps=0", "xsa.alpha=1",
-                  "logger=csv", "eval.every=0", "eval.core_every=0", "eval.diag_every=0"]
+                  "data.packing=bestfit", *figures["settings"], "stack=nanochat_2604", "optim.schedule.warmup_steps=0",
+                  "xsa.alpha=1", "logger=csv", "eval.every=0", "eval.core_every=0", "eval.diag_every=0"]
         # the sync check first, at its expected time and a half: what is left then is the runs', the last (d24,
         # the slowest to compile) taking whatever the ones before it leave
         figures["sync_check"] = part(lambda: sync_check(common, args.smoke, workdir, env, min(left(), 1.5 * SYNC_S)),
