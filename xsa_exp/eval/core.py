@@ -37,8 +37,8 @@ Where nanochat would crash we keep going, and only there do we differ from it:
 And one place where it does not crash: nanochat's own GPT scores a prompt longer than its training length whole
 (its RoPE tables cover 10x that length, its long-window layers keep a window of the training length), where our
 model refuses inputs past ``model.sequence_len``, so step 5 keeps such a prompt's last tokens. At the study's 2048
-that is about 1% of BoolQ and part of bigbench_language_identification (a reviewer's count on the bundle); at the
-tiny presets' 256, much of most tasks.
+the tasks of long passages (BoolQ, bigbench_language_identification) have some such prompts; at the tiny presets'
+256, most tasks do. How many at 2048 has not been counted with the presets' tokenizer.
 
 Tasks whose data file is absent are skipped; the result then says how many of the 22 it covers
 (``CoreResult.name`` is "CORE 18/22", never the bare "CORE" for a partial set).
