@@ -5,7 +5,8 @@ nanochat is not part of xsa-exp; fetch it next to the repository first:
     python bench/compare_nanochat.py --nanochat ../nanochat
 
 1. Forward: nanochat's GPT (its SDPA fallback, windows SSSL, smear, backout, q/k x 1.2) with perturbed random
-   weights, the same weights copied into ours (XSA off); the largest logit difference.
+   weights, the same weights copied into ours (XSA off); the largest logit difference, at the training length
+   and at 2.5x it (nanochat takes inputs up to 10x, and its CORE scores long prompts whole).
 2. Optimizer: identical gradients (nanochat's backward) fed to nanochat's MuonAdamW (its compiled fused kernels:
    Polar Express, variance reduction, cautious weight decay; AdamW per group) and to ours, with nanochat's
    schedule at each step (base_train.py's lr, momentum and weight-decay rules, which ours must reproduce);
@@ -35,6 +36,7 @@ from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups  # no
 
 SHAPE = dict(n_layer=4, n_head=4, n_embd=128, sequence_len=256, vocab_size=4096)  # 4096: no vocabulary padding
 STEPS, TOTAL_STEPS = 5, 1000
+LONG_INPUT = 640  # 2.5x the training length: every L layer windowed at 256, RoPE past its training positions
 
 
 def nanochat_model(nanochat, n_kv_head: int):
@@ -85,9 +87,12 @@ def compare(nanochat, n_kv_head: int, ns_dtype: str, weight_decay: float) -> Non
     idx = torch.randint(0, SHAPE["vocab_size"], (4, SHAPE["sequence_len"]))
     label = f"n_kv_head={n_kv_head}, our Newton-Schulz in {ns_dtype}, Muon weight decay {weight_decay}"
     if ns_dtype == "float32" and weight_decay:
+        long = torch.randint(0, SHAPE["vocab_size"], (2, LONG_INPUT))
         with torch.no_grad():
             diff = (theirs(idx) - ours(idx)).abs().max().item()
-        print(f"forward ({label}): max |logit difference| = {diff:.2e}")
+            long_diff = (theirs(long) - ours(long)).abs().max().item()
+        print(f"forward ({label}): max |logit difference| = {diff:.2e}; "
+              f"{LONG_INPUT} tokens (past the training length, as CORE's long prompts) {long_diff:.2e}")
 
     optimizer = theirs.setup_optimizer(unembedding_lr=0.008, embedding_lr=0.3, matrix_lr=0.02,
                                        weight_decay=weight_decay, scalar_lr=0.5)

@@ -106,6 +106,32 @@ def test_core_and_chatcore_run_in_the_evaluation_precision(run_dir, monkeypatch)
     assert seen == {"core": torch.bfloat16, "chatcore": torch.bfloat16}
 
 
+@pytest.mark.skipif(not (BUNDLE / "core.yaml").is_file(),
+                    reason=f"eval bundle not found at {BUNDLE}; CORE tests need ../shared/eval_bundle")
+def test_core_in_training_and_in_evaluate_py_scores_prompts_past_the_training_length_whole(tmp_path):
+    """CORE's few-shot prompts pass the small runs' 64-token training length. nanochat scores them whole (its model
+    takes 10x its training length), and so do training's scheduled CORE and evaluate.py, to the same number."""
+    from xsa_exp.model import GPT
+
+    widths = []
+    record = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: widths.append(args[0].size(1)) if isinstance(module, GPT) else None)
+    try:
+        trained = train(compose_config(*SMALL, "train.max_steps=2", "eval.every=2", "eval.core_every=2",
+                                       "eval.core_max_per_task=1", f"eval.bundle_dir={BUNDLE}"), tmp_path / "run")
+        training_widths, widths[:] = widths[:], []
+        out = evaluate(eval_cfg(trained, "eval.metrics=[core]", f"eval.bundle_dir={BUNDLE}",
+                                "eval.core_max_per_task=1"))
+    finally:
+        record.remove()
+    assert 64 < max(training_widths) <= 640 and 64 < max(widths) <= 640
+    with open(trained / "metrics.csv") as f:
+        logged = [(r["step"], float(r["core/CORE_18of22"])) for r in csv.DictReader(f) if r.get("core/CORE_18of22")]
+    assert [step for step, _ in logged] == ["0", "2"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["metrics"]["CORE 18/22"] == pytest.approx(logged[-1][1], abs=1e-9)
+
+
 def test_results_never_overwrite_earlier_ones(run_dir):
     first = evaluate(eval_cfg(run_dir, "eval.metrics=[bpb]"))
     before = {p: p.read_bytes() for p in first.iterdir()}

@@ -46,7 +46,9 @@ def model_of(stack: bool, **switches) -> GPT:
 def test_the_fp32_training_forward_and_backward_are_the_op_sequence_of_before(stack):
     """The fixtures were recorded at db5b7c3, before CastedLinear, the casts to v's and x's dtype and the fused loss
     head: in fp32 with the head unfused, every one of them does nothing, op for op (machine-independent, unlike the
-    bits, which the study presets' committed runs check: a rerun of one gives its val/bpb to the last digit)."""
+    bits, which the study presets' committed runs check: a rerun of one gives its val/bpb to the last digit). One
+    edit since: the RoPE tables cover 10x the training length, so their first 256 positions are a slice, not an
+    alias."""
     idx = torch.randint(0, 512, (2, 257), generator=torch.Generator().manual_seed(0))
     model = model_of(stack)
     log = OpLog()

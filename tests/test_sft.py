@@ -283,14 +283,23 @@ def test_evaluate_py_under_torchrun_gives_the_one_process_results(sft_run, monke
     from hydra import compose, initialize_config_dir
 
     from xsa_exp.evaluate_run import evaluate
+    from xsa_exp.model import GPT
 
     common = [f"run={sft_run}", f"eval.bundle_dir={BUNDLE}", "eval.metrics=[bpb,core,chatcore]",
               "eval.core_max_per_task=2", "eval.chatcore.max_per_task=3", "eval.chatcore.batch_size=1",
               "eval.chatcore.max_new_tokens=24", f"eval.chatcore.mmlu.data_files={FIXTURES / 'mmlu_test.jsonl'}"]
     for name in ("HF_HUB_OFFLINE", "WANDB_MODE"):
         monkeypatch.setenv(name, EVAL_ENV[name])
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        folders = [evaluate(compose(config_name="evaluate", overrides=common))]
+    generated_to = []  # where each cached forward ends: ChatCORE's replies pass the 64-token training length
+    record = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, kwargs, output: generated_to.append(kwargs["kv_cache"].pos)
+        if isinstance(module, GPT) and kwargs.get("kv_cache") else None, with_kwargs=True)
+    try:
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            folders = [evaluate(compose(config_name="evaluate", overrides=common))]
+    finally:
+        record.remove()
+    assert max(generated_to) > 64  # as nanochat generates: its model takes 10x its training length
     before = set((sft_run / "eval").glob("*"))
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "evaluate.py",
                     *common], cwd=REPO, env={**EVAL_ENV, "OMP_NUM_THREADS": "1"}, check=True, capture_output=True)

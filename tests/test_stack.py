@@ -45,11 +45,38 @@ def model_of(xsa=None, **switches) -> GPT:
 
 def test_windows_follow_nanochat_pattern():
     config = GPTConfig(sequence_len=2048, n_layer=12, window_pattern="SSSL")
-    assert config.windows == [512, 512, 512, None] * 3  # a quarter of 2048
-    assert GPTConfig(sequence_len=2048, n_layer=6, window_pattern="SSSL").windows == [512, 512, 512, None, 512, None]
-    assert GPTConfig(sequence_len=1000, n_layer=2, window_pattern="S").windows == [256, None]  # 250 rounded up to 128s
-    assert GPTConfig(sequence_len=256, n_layer=4, window_pattern="SL").windows == [128, None, 128, None]
-    assert GPTConfig(sequence_len=128, n_layer=4, window_pattern="S").windows == [None] * 4  # 128 covers 128 tokens
+    assert config.windows() == [512, 512, 512, None] * 3  # a quarter of 2048
+    assert GPTConfig(sequence_len=2048, n_layer=6, window_pattern="SSSL").windows() == [512, 512, 512, None, 512, None]
+    assert GPTConfig(sequence_len=1000, n_layer=2, window_pattern="S").windows() == [256, None]  # 250 up to 128s
+    config = GPTConfig(sequence_len=256, n_layer=4, window_pattern="SL")
+    assert config.windows() == config.windows(100) == [128, None, 128, None]
+    # past the training length, nanochat's L layers keep a window of it: it covers 257 tokens, not 258
+    assert config.windows(257) == [128, None, 128, None] and config.windows(258) == [128, 256, 128, 256]
+    config = GPTConfig(sequence_len=128, n_layer=4, window_pattern="S")
+    assert config.windows() == [None] * 4 and config.windows(1280) == [128] * 4  # 128 covers 128 tokens
+
+
+def test_inputs_past_the_training_length_are_windowed_as_nanochats():
+    """Up to 10x the training length, as nanochat's RoPE tables (CORE scores long prompts whole): an L layer sees
+    the training length of earlier tokens, the cache computes what the full forward does, and longer is refused."""
+    torch.manual_seed(0)
+    config = GPTConfig(sequence_len=64, vocab_size=300, n_layer=1, n_head=2, n_embd=16, window_pattern="L")
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+        idx = torch.randint(1, 300, (1, 150))
+        other = idx.clone()
+        other[0, 0] = 0
+        changed = (model(idx) - model(other)).abs().amax(-1)[0] > 0
+        assert changed[64] and not changed[65:].any()  # position 64 sees 0..64, position 65 sees 1..65
+        cache = KVCache(config, 1, 150, "cpu")
+        pieces = [model(idx[:, :40], kv_cache=cache), model(idx[:, 40:100], kv_cache=cache)]
+        pieces += [model(idx[:, t:t + 1], kv_cache=cache) for t in range(100, 150)]
+        torch.testing.assert_close(torch.cat(pieces, 1), model(idx), rtol=1e-5, atol=1e-5)
+        model(torch.zeros(1, 640, dtype=torch.long))
+        with pytest.raises(ValueError, match="input of 641 tokens exceeds 640, 10x model.sequence_len=64"):
+            model(torch.zeros(1, 641, dtype=torch.long))
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2])
@@ -152,7 +179,7 @@ def test_the_compiled_training_forward_is_one_graph_without_recompiles_across_up
     torch.manual_seed(0)
     model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
     prepare(model, cfg.trainer.precision)
-    assert model.config.windows == [128, None] and model.config.ve_layers == [1]
+    assert model.config.windows() == [128, None] and model.config.ve_layers == [1]
     torch._dynamo.reset()
     counters.clear()
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))

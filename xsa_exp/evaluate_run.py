@@ -117,7 +117,7 @@ def core(model, run: LoadedRun, bundle: Path, max_per_task: int | None, rank: in
          say) -> tuple[dict[str, float], dict, dict]:
     """CORE (its name says how many tasks it covers), its record in summary.json, and its rows per task and per
     example by file name."""
-    result = evaluate_core(model, run.tokenizer, bundle, run.config.model.sequence_len, max_per_task,
+    result = evaluate_core(model, run.tokenizer, bundle, model.config.max_input_len, max_per_task,
                            progress=lambda t, done, total: say(f"  CORE {done}/{total} {t.label:<34} acc "
                                                                f"{t.accuracy:.4f} centered {t.centered:+.4f}",
                                                                flush=True), rank=rank, world_size=world_size)

@@ -40,8 +40,8 @@ def generate_batch(model: GPT, prompts: list[list[int]], max_new_tokens: int, te
     use_cache=False recomputes the whole sequence every step (a check of the cache; equal-length prompts)."""
     check_arguments(model, prompts, max_new_tokens, temperature, top_k)
     width = max(map(len, prompts))
-    if width + max_new_tokens > model.config.sequence_len:
-        raise ValueError(f"prompt of {width} + {max_new_tokens} new tokens exceeds "
+    if width + max_new_tokens > model.config.max_input_len:
+        raise ValueError(f"prompt of {width} + {max_new_tokens} new tokens exceeds {model.config.max_input_len}, 10x "
                          f"model.sequence_len={model.config.sequence_len}")
     padding = torch.tensor([width - len(p) for p in prompts])
     if not use_cache and padding.any():

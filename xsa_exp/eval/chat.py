@@ -138,10 +138,10 @@ def categorical_predictions(model, tokenizer: Tokenizer, examples: list[dict], b
             raise ValueError(f"the tokenizer splits the answer letter {letter!r} into {len(ids)} tokens")
         letter_ids.append(ids[0])
     device = next(model.parameters()).device
-    max_len = model.config.sequence_len
+    max_len = model.config.max_input_len
     prompts = [render_prompt(tokenizer, [{"role": "user",
                                           "content": multiple_choice_prompt(e["question"], e["choices"])}])
-               [-max_len:] for e in examples]  # a prompt longer than the context keeps its end
+               [-max_len:] for e in examples]  # one longer than the model takes keeps its end (nanochat stops)
     predictions = []
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
@@ -160,16 +160,18 @@ def categorical_predictions(model, tokenizer: Tokenizer, examples: list[dict], b
 
 def answer_texts(model, tokenizer: Tokenizer, user_texts: list[str], max_new_tokens: int, tool_use: bool,
                  batch_size: int) -> list[str]:
-    """The model's greedy reply to each user message, batch_size at a time; a long prompt keeps its end
-    and leaves at least half the context (or max_new_tokens) for the reply."""
+    """The model's greedy reply to each user message, batch_size at a time. Prompt and reply may pass the training
+    length, as in nanochat; a prompt longer than the model takes (model.max_input_len, where nanochat stops) keeps
+    its end and leaves at least half of it (or max_new_tokens) for the reply."""
     special = tokenizer.special_tokens
-    budget = min(max_new_tokens, model.config.sequence_len // 2)
-    prompts = [render_prompt(tokenizer, [{"role": "user", "content": text}])[-(model.config.sequence_len - budget):]
+    max_len = model.config.max_input_len
+    budget = min(max_new_tokens, max_len // 2)
+    prompts = [render_prompt(tokenizer, [{"role": "user", "content": text}])[-(max_len - budget):]
                for text in user_texts]
     replies = []
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
-        new_tokens = min(max_new_tokens, model.config.sequence_len - max(map(len, batch)))
+        new_tokens = min(max_new_tokens, max_len - max(map(len, batch)))
         replies += generate_batch(model, batch, new_tokens,
                                   stop_tokens=[special["<|assistant_end|>"], tokenizer.bos_id],
                                   tool_use=tokenizer if tool_use else None)

@@ -20,8 +20,9 @@ Protocol, per task:
        multiple_choice: after the common token prefix of all choices, to the end;
        schema: the common token suffix of all options;
        language_modeling: the tokens of the "with" prompt beyond the "without" prompt.
-  5. Crop each sequence to its last ``max_seq_len`` tokens (shifting the span), right-pad with BOS,
-     and run all choices of the example in one forward pass.
+  5. Right-pad with BOS and run all choices of the example in one forward pass, each whole: the model
+     takes up to 10x its training length (``GPTConfig.max_input_len``, nanochat's RoPE tables), its full-context
+     layers windowed at the training length past it, as nanochat's.
   6. multiple_choice / schema: per choice the mean cross-entropy over its span; prediction = argmin.
      language_modeling: correct iff the greedy argmax reproduces every span token.
   7. centered = (acc - b/100) / (1 - b/100) with b the task's random baseline;
@@ -32,13 +33,9 @@ Where nanochat would crash we keep going, and only there do we differ from it:
     (nanochat's ``rng.sample`` raises), so e.g. ``max_per_task=2`` works;
   - language_modeling: the span starts at the common token prefix of the two prompts, which is
     nanochat's ``len(tokens_without)`` whenever its "without is a prefix of with" assertion holds;
-  - a span longer than ``max_seq_len`` keeps its last ``max_seq_len - 1`` tokens (nanochat asserts);
+  - a sequence longer than ``max_seq_len`` (10x the training length) keeps its last ``max_seq_len`` tokens and
+    its span shifts with them, a span longer than that its last ``max_seq_len - 1`` (nanochat asserts);
   - blank lines in a JSONL file are skipped (nanochat's ``json.loads`` raises on them).
-And one place where it does not crash: nanochat's own GPT scores a prompt longer than its training length whole
-(its RoPE tables cover 10x that length, its long-window layers keep a window of the training length), where our
-model refuses inputs past ``model.sequence_len``, so step 5 keeps such a prompt's last tokens. At the study's 2048
-the tasks of long passages (BoolQ, bigbench_language_identification) have some such prompts; at the tiny presets'
-256, most tasks do. How many at 2048 has not been counted with the presets' tokenizer.
 
 Tasks whose data file is absent are skipped; the result then says how many of the 22 it covers
 (``CoreResult.name`` is "CORE 18/22", never the bare "CORE" for a partial set).

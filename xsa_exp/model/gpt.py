@@ -89,14 +89,22 @@ class GPTConfig(ModelConfig):
         return value_embedding_layers(self.n_layer, self.value_embeds)
 
     @property
-    def windows(self) -> list[int | None]:
-        """Each layer's sliding window as nanochat counts it (a query sees itself and `window` earlier keys), or
-        None for full context. S is a quarter of the context rounded up to 128 (FlashAttention's tile)."""
+    def max_input_len(self) -> int:
+        """The longest input the model takes: nanochat's RoPE tables cover 10x the training length, and its CORE
+        scores a longer prompt whole, so ours does too."""
+        return 10 * self.sequence_len
+
+    def windows(self, length: int | None = None) -> list[int | None]:
+        """Each layer's sliding window as nanochat counts it (a query sees itself and `window` earlier keys): S a
+        quarter of the training length rounded up to 128 (FlashAttention's tile), L the training length. None where
+        the window covers an input of `length` tokens whole (the training length by default, and any shorter
+        input); only a longer input (a CORE prompt) meets the L layers' window."""
         short = -(-self.sequence_len // 4 // 128) * 128
-        windows = [short if self.window_pattern[i % len(self.window_pattern)] == "S" else None
+        windows = [short if self.window_pattern[i % len(self.window_pattern)] == "S" else self.sequence_len
                    for i in range(self.n_layer)]
-        windows[-1] = None
-        return [None if w is not None and w >= self.sequence_len - 1 else w for w in windows]
+        windows[-1] = self.sequence_len
+        longest = max(length or 0, self.sequence_len)
+        return [None if w >= longest - 1 else w for w in windows]
 
     @classmethod
     def of(cls, model: ModelConfig, xsa: XSAConfig) -> GPTConfig:
@@ -233,7 +241,9 @@ class CausalSelfAttention(nn.Module):
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
         self.qk_norm, self.qk_scale = config.qk_norm, config.qk_scale
-        self.window = config.windows[layer_idx]
+        self.sequence_len = config.sequence_len
+        self.window = config.windows()[layer_idx]  # for inputs up to the training length
+        self.long_input_window = config.windows(config.max_input_len)[layer_idx]  # for longer ones (CORE's prompts)
         self.block_mask = None  # FlexAttention's mask for the training length (GPT.use_block_masks), windows only
         kv_dim = self.n_kv_head * self.head_dim
         self.c_q = CastedLinear(config.n_embd, config.n_embd, bias=False)
@@ -291,13 +301,15 @@ class CausalSelfAttention(nn.Module):
         # every attention path in v's dtype: under CUDA autocast rms_norm returns fp32 (torch >= 2.12), and q and k
         # would reach attention in fp32 (FlexAttention, the KV cache) while v is bf16
         q, k = q.to(v.dtype), k.to(v.dtype)
+        length = T + (kv_cache.pos if kv_cache is not None else 0)
+        window = self.window if length <= self.sequence_len else self.long_input_window
         if kv_cache is not None:
-            y = kv_cache.attend(self.layer_idx, q, k, v, self.window)
+            y = kv_cache.attend(self.layer_idx, q, k, v, window)
         elif self.probe is None:
-            y = causal_attention(q, k, v, self.window, self.block_mask if self.training else None)
+            y = causal_attention(q, k, v, window, self.block_mask if self.training else None)
         else:
             y = self.probe.attend(q, self.per_query_head(k), self.per_query_head(v),
-                                  window_mask(torch.arange(T, device=x.device), T, self.window))
+                                  window_mask(torch.arange(T, device=x.device), T, window))
         z = y
         if self.xsa_on:
             z = exclusive_self_attention(y, v if self.xsa.value_source == "mixed" else v_plain, self.alpha(),
@@ -358,7 +370,7 @@ class GPT(nn.Module):
         if config.backout:
             self.backout_lambda = nn.Parameter(torch.full((1,), 0.2))
         if config.rope:
-            cos, sin = rotary_cos_sin(config.sequence_len, config.head_dim, config.rope_base)
+            cos, sin = rotary_cos_sin(config.max_input_len, config.head_dim, config.rope_base)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.init_weights()
@@ -401,8 +413,9 @@ class GPT(nn.Module):
         With kv_cache, idx continues the cached sequence (positions start at kv_cache.pos)."""
         start = kv_cache.pos if kv_cache is not None else 0
         end = start + idx.size(1)
-        if end > self.config.sequence_len:
-            raise ValueError(f"input of {end} tokens exceeds model.sequence_len={self.config.sequence_len}")
+        if end > self.config.max_input_len:
+            raise ValueError(f"input of {end} tokens exceeds {self.config.max_input_len}, 10x "
+                             f"model.sequence_len={self.config.sequence_len}")
         cos_sin = (self.rope_cos[:, :, start:end], self.rope_sin[:, :, start:end]) if self.config.rope else None
         x = self.wte(idx)
         if self.embedding_dtype is not None:  # bf16-compute with a tied (fp32) wte: the stream starts in bf16 still
@@ -509,7 +522,7 @@ class GPT(nn.Module):
         window where a layer has one). Embedding lookups, gates of one output and scalars are free."""
         c = self.config
         multiplying = self.param_counts()["hidden matrices"] + self.lm_head.weight.numel()
-        return 6 * multiplying + sum(12 * c.n_embd * min(w or c.sequence_len, c.sequence_len) for w in c.windows)
+        return 6 * multiplying + sum(12 * c.n_embd * min(w or c.sequence_len, c.sequence_len) for w in c.windows())
 
     def param_counts(self) -> dict[str, int]:
         counts = {"total": sum(p.numel() for p in self.parameters())}

@@ -81,7 +81,7 @@ class CoreEvaluation(ScheduledEvaluation):
     def measure(self, trainer, pl_module) -> dict[str, float]:
         model = pl_module.model
         with trainer.precision_plugin.forward_context():  # the ranks share the examples; each gets the whole result
-            result = evaluate_core(model, trainer.datamodule.tokenizer, self.bundle_dir, model.config.sequence_len,
+            result = evaluate_core(model, trainer.datamodule.tokenizer, self.bundle_dir, model.config.max_input_len,
                                    self.max_per_task, rank=trainer.global_rank, world_size=trainer.world_size)
         # The key says how many of the 22 tasks it covers, so a partial CORE is never read as the full one.
         key = "core/CORE" if result.n_tasks == result.n_total else f"core/CORE_{result.n_tasks}of{result.n_total}"
