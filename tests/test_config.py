@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -245,16 +246,29 @@ def test_a_gpu_run_on_a_machine_without_one_is_one_line(tmp_path, monkeypatch):
      "hydra.run.dir={file}/run: {file} is a file, not a folder; choose another hydra.run.dir"),
     ("hydra.sweep.dir={file}",
      "hydra.sweep.dir={file}: {file} is a file, not a folder; choose another hydra.sweep.dir"),
+    ("hydra.run.dir={link}/run",  # a link to a file system that is not mounted
+     "hydra.run.dir={link}/run: {link} links to {absent}, which does not exist (a file system not mounted?); mount "
+     "it, or choose another hydra.run.dir"),
+    ("hydra.run.dir=/proc/xsa-exp/run",  # where no folder can be made, as on a read-only or full file system
+     "hydra.run.dir=/proc/xsa-exp/run: no folder can be made in /proc ({proc_error}); free space or make it writable "
+     "there, or choose another hydra.run.dir"),
+    ("hydra.sweep.dir=/proc/xsa-exp/sweep",
+     "hydra.sweep.dir=/proc/xsa-exp/sweep: no folder can be made in /proc ({proc_error}); free space or make it "
+     "writable there, or choose another hydra.sweep.dir"),
 ])
 def test_a_folder_hydra_cannot_make_or_should_not_use_is_one_line(arg, message, tmp_path):
     """Hydra makes the run's folder before the job starts (and an empty one is the current folder)."""
-    file = tmp_path / "a-file"
+    file, link, absent = tmp_path / "a-file", tmp_path / "link", tmp_path / "absent"
     file.write_text("")
+    link.symlink_to(absent)
+    with pytest.raises(OSError) as proc:
+        os.mkdir("/proc/xsa-exp")
+    names = dict(file=file, link=link, absent=absent, proc_error=proc.value.strerror)
     sweep = ["-m", "seed=1,2"] if arg.startswith("hydra.sweep") else []
-    result = subprocess.run([sys.executable, "train.py", *sweep, arg.format(file=file)], cwd=REPO, capture_output=True,
+    result = subprocess.run([sys.executable, "train.py", *sweep, arg.format(**names)], cwd=REPO, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"config error: {message.format(file=file)}"]
+    assert result.stderr.strip().splitlines() == [f"config error: {message.format(**names)}"]
 
 
 def test_slurm_launcher_composes_with_one_task_per_gpu():

@@ -570,13 +570,16 @@ def test_failed_and_missing_runs_are_listed(tmp_path):
     make_run(sweep, "2", alpha=1.0, seed=1, complete=False)  # crashed mid-training
     (sweep / "3").mkdir()
     (sweep / "3" / "train.log").write_text("config error\n")
+    make_run(sweep, "5", alpha=0.5, seed=2, final_bpb=0.84)
+    (sweep / "5" / "run.json").write_text("")  # a lost disk write
     report = build_report([sweep], tmp_path / "out")
     text = report.read_text()
     failed = text.split("## Missing or failed runs")[1]
     assert "- `12-00-00/2`: incomplete: no checkpoints/final.ckpt" in failed
     assert "- `12-00-00/3`: failed: sweep job 3 (xsa.alpha=1 seed=2) has no run.json" in failed
     assert "- `12-00-00/4`: missing: sweep job 4 (xsa.alpha=0.5 seed=1) has no directory" in failed
-    assert "- `12-00-00/5`: missing: sweep job 5 (xsa.alpha=0.5 seed=2)" in failed
+    assert (f"- `12-00-00/5`: unreadable: {sweep / '5' / 'run.json'} is damaged (JSONDecodeError: Expecting value: "
+            "line 1 column 1 (char 0)); it records the run") in failed
     assert "2 complete runs, 4 missing or failed" in text
     assert "`12-00-00/0`" in text.split("## Runs")[1].split("## Missing")[0]
 

@@ -4,6 +4,7 @@ import csv
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -109,7 +110,8 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path, small_cf
     newest = run_dir / "checkpoints" / "step000006.ckpt"
     newest.write_bytes(newest.read_bytes()[:1000])
     before = rows(run_dir)
-    with pytest.warns(UserWarning, match="step000006.ckpt is unreadable"):
+    with pytest.warns(UserWarning, match=r"step000006.ckpt \(RuntimeError\) is unreadable; falling back to "
+                                         r"step000004.ckpt$"):
         train(cfg, run_dir)
     steps = [int(r["step"]) for r in rows(run_dir) if r["train/loss"]]
     assert steps == [1, 2, 3, 4, 5, 6]
@@ -143,10 +145,38 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, small_cfg, monkeypat
     assert other_id != wandb_id and [p.name[-8:] for p in (other / "wandb").glob("offline-run-*")] == [other_id]
 
 
-def test_resume_refuses_a_different_config(tmp_path, small_cfg):
-    run_dir = train(small_cfg("train.max_steps=2", "resume=auto"), tmp_path / "run")
+def test_resume_refuses_a_different_config_and_damaged_run_files_in_one_line(tmp_path, small_cfg):
+    """A run file that a lost disk write left empty or cut short, or a deleted metrics.csv, stops resume=auto in one
+    line naming it and the fix, before anything is written; each file stays as it was found."""
+    cfg = small_cfg("train.max_steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=2", "resume=auto")
+    run_dir = train(cfg, tmp_path / "run")
     with pytest.raises(ConfigError, match="was started with a different config"):
-        train(small_cfg("train.max_steps=2", "resume=auto", "xsa.alpha=0.5"), run_dir)
+        train(small_cfg("train.max_steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=2", "resume=auto",
+                        "xsa.alpha=0.5"), run_dir)
+    (run_dir / "checkpoints" / "final.ckpt").unlink()  # as if preempted after its last periodic checkpoint
+    (run_dir / "status.json").write_text(json.dumps({"status": "interrupted", "step": 2, "error": None}))
+    for name, damage, message in [
+        ("status.json", "", r"is damaged \(JSONDecodeError: Expecting value: .*\); delete it, and resume=auto "
+                            r"continues from the newest checkpoint as after a kill$"),
+        ("run.json", '{"seed": 0, "prec', r"is damaged \(JSONDecodeError: Unterminated string .*\); it "
+                                          r"records the run \(its precision, counts, wandb id\): restore it from a "
+                                          r"copy, or train the run again in a new hydra.run.dir$"),
+        ("config.yaml", "model:\n  n_embd: [64", r"is damaged \(ParserError: .*\); resume=auto checks "
+                                                  r"the command against it: restore it from a copy, or train the run "
+                                                  r"again in a new hydra.run.dir$"),
+        ("metrics.csv", None, r"is missing, so the run's rows up to step000002.ckpt cannot be kept; "
+                              r"restore it from a copy, or train the run again in a new hydra.run.dir$"),
+    ]:
+        path, saved = run_dir / name, (run_dir / name).read_bytes()
+        path.unlink() if damage is None else path.write_text(damage)
+        found = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "run.lock"}
+        with pytest.raises(RunError, match=f"^{re.escape(str(path))} {message}"):
+            train(cfg, run_dir)
+        assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "run.lock"} == found
+        path.write_bytes(saved)
+    (run_dir / "status.json").unlink()  # the fix the first line names
+    train(cfg, run_dir)
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
 
 
 def test_every_preemption_signal_gets_the_same_handler_for_the_run_and_the_old_one_back():

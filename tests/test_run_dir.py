@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -32,16 +33,23 @@ def test_newest_checkpoint_is_final_then_the_highest_step_by_number(tmp_path):
 def test_unreadable_newest_checkpoint_falls_back_with_a_warning(tmp_path):
     save(rd.step_checkpoint(tmp_path, 2), 2)
     rd.step_checkpoint(tmp_path, 4).write_bytes(b"cut short")
-    with pytest.warns(UserWarning, match="step000004.ckpt is unreadable"):
+    with pytest.warns(UserWarning, match=r"step000004.ckpt \(RuntimeError\) is unreadable; falling back to "
+                                         r"step000002.ckpt$"):
         assert rd.newest_checkpoint(tmp_path) == rd.step_checkpoint(tmp_path, 2)
     with pytest.warns(UserWarning):
         assert rd.find_checkpoint(tmp_path) == rd.step_checkpoint(tmp_path, 2)
+    save(rd.step_checkpoint(tmp_path, 1), 1)
     rd.step_checkpoint(tmp_path, 2).write_bytes(b"")
+    with pytest.warns(UserWarning, match=r"step000004.ckpt \(RuntimeError\) and .*step000002.ckpt \(\w+\) are "
+                                         r"unreadable; falling back to step000001.ckpt$"):
+        assert rd.newest_checkpoint(tmp_path) == rd.step_checkpoint(tmp_path, 1)
+    rd.step_checkpoint(tmp_path, 1).write_bytes(b"")
     for look_up in (rd.find_checkpoint, rd.newest_checkpoint):  # loading a run, and resuming it
-        with pytest.warns(UserWarning, match="step000004.ckpt is unreadable .*; falling back to step000002.ckpt"), \
-                pytest.raises(rd.RunError, match=r"has no checkpoint that loads \(step000004.ckpt, step000002.ckpt: "
-                                                 r"truncated, corrupt or unreadable\); restore"):
-            look_up(tmp_path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback to name: none loads
+            with pytest.raises(rd.RunError, match=r"has no checkpoint that loads \(step000004.ckpt, step000002.ckpt, "
+                                                  r"step000001.ckpt: truncated, corrupt or unreadable\); restore"):
+                look_up(tmp_path)
     for path in rd.checkpoints_newest_first(tmp_path):
         path.unlink()
     with pytest.raises(rd.RunError, match=r"has no checkpoints/\*.ckpt; was the run finished\?"):
@@ -66,6 +74,22 @@ def test_status_and_run_info_round_trip(tmp_path):
     assert rd.read_run_info(tmp_path) == {**info, "val_scope": {"whole": True}}
     assert rd.trained_precision(tmp_path) == "32-true" and rd.trained_precision(tmp_path / "none") == "32-true"
     assert not list(tmp_path.glob(".*"))  # no temporary files left behind by the atomic writes
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_files_written_whole_get_the_permissions_open_gives_and_are_synced(tmp_path, umask, monkeypatch):
+    """Readable by the group under the usual umask on a shared cluster, as the checkpoints beside them are; and on
+    disk before the rename, so a node that crashes leaves the old file or the new one, not an empty one."""
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")))
+    old = os.umask(umask)
+    try:
+        rd.write_status(tmp_path, "completed", 3)
+        (tmp_path / "checkpoint").write_bytes(b"")  # as open() makes the checkpoints
+    finally:
+        os.umask(old)
+    assert [os.stat(tmp_path / name).st_mode & 0o777 for name in ("status.json", "checkpoint")] == [0o666 & ~umask] * 2
+    assert len(synced) == 1 and synced[0].startswith(f"{tmp_path}/.status.json-")
 
 
 def test_a_metrics_row_cut_short_by_a_full_disk_is_left_out(tmp_path):

@@ -95,13 +95,14 @@ def test_another_hosts_lock_is_refused_while_its_heartbeat_is_fresh_and_taken_ov
     lock = write_lock(run_dir, pid=4242, heartbeat_age=5, host="node17")
     before = contents(run_dir)
     refused = subprocess.run(train_py(run_dir, "train.max_steps=2"), cwd=REPO, capture_output=True, text=True,
-                             timeout=300)
+                             timeout=300, env={**os.environ, "TZ": "America/New_York"})  # the times say UTC anyway
     assert refused.returncode == 2
+    stale_at = time.strftime("%H:%M:%S", time.gmtime(json.loads(lock)["heartbeat"] + 120))
     assert re.fullmatch(
         rf"error: run directory {run_dir} is in use by process 4242 on host node17 "
         r"\(since 2026-01-01 00:00:00 UTC\), last heartbeat \d+ s ago; wait for it to end or stop it, then "
         r"relaunch with resume=auto \(if it is gone, its lock is taken over once its heartbeat is 120 s old, from "
-        r"[0-9:]+ on\); or choose another hydra.run.dir\n", refused.stderr), refused.stderr
+        rf"{stale_at} UTC on\); or choose another hydra.run.dir\n", refused.stderr), refused.stderr
     assert contents(run_dir) == before and (run_dir / "run.lock").read_bytes() == lock  # nothing touched
 
     write_lock(run_dir, pid=4242, heartbeat_age=run_lock.STALE_S + 5, host="node17")

@@ -29,14 +29,18 @@ import json
 import os
 import pickle
 import re
+import secrets
 import shutil
 import tempfile
 import time
 import warnings
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from xsa_exp.errors import UserError
 from xsa_exp.write_failures import writing
@@ -96,17 +100,38 @@ def is_finished(run_dir: Path) -> bool:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary file beside path, then rename: a reader sees the old or the new file, never half."""
+    """Write to a temporary file beside path, synced, then rename: a reader, or a node that crashes, sees the old or
+    the new file, never half. Its permissions are open()'s (0666 less the umask: readable by the group on a cluster),
+    not mkstemp's owner-only 0600."""
     path = Path(path)
     with writing(path):
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+        tmp = path.with_name(f".{path.name}-{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
+
+
+def read_run_file(path: Path, parse: Callable[[str], Any], fix: str) -> dict:
+    """A run file (config.yaml, run.json, status.json) parsed; one missing, or that does not parse as a mapping
+    (written whole and synced, so only a lost disk write leaves one so), is a RunError naming it and the fix."""
+    try:
+        content = parse(path.read_text())
+    except FileNotFoundError:
+        raise RunError(f"{path} is missing; {fix}") from None
+    except (ValueError, yaml.YAMLError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        problem = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    else:
+        if isinstance(content, dict) and content:
+            return content
+        problem = "empty" if not content else f"a {type(content).__name__}, not a mapping"
+    raise RunError(f"{path} is damaged ({problem}); {fix}")
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -144,7 +169,9 @@ def config_differences(run_dir: Path, config: dict) -> list[str]:
     resume=auto must be the same experiment, and only `resume` itself may differ."""
     from omegaconf import OmegaConf
 
-    saved = OmegaConf.to_container(OmegaConf.load(Path(run_dir) / CONFIG))
+    saved = read_run_file(Path(run_dir) / CONFIG, lambda text: OmegaConf.to_container(OmegaConf.create(text)),
+                          "resume=auto checks the command against it: restore it from a copy, or train the run again "
+                          "in a new hydra.run.dir")
     return sorted(k for k in set(saved) | set(config) if k != "resume" and saved.get(k) != config.get(k))
 
 
@@ -159,7 +186,8 @@ def describe_val_scope(scope: dict | None) -> str:
 
 
 def read_run_info(run_dir: Path) -> dict:
-    return json.loads((Path(run_dir) / RUN).read_text())
+    return read_run_file(Path(run_dir) / RUN, json.loads, "it records the run (its precision, counts, wandb id): "
+                         "restore it from a copy, or train the run again in a new hydra.run.dir")
 
 
 def update_run_info(run_dir: Path, **entries) -> None:
@@ -169,8 +197,7 @@ def update_run_info(run_dir: Path, **entries) -> None:
 
 def trained_precision(run_dir: Path) -> str:
     """The precision the run trained with (run.json; 32-true for a run without one)."""
-    path = Path(run_dir) / RUN
-    return json.loads(path.read_text())["precision"] if path.is_file() else "32-true"
+    return read_run_info(run_dir)["precision"] if (Path(run_dir) / RUN).is_file() else "32-true"
 
 
 def write_status(run_dir: Path, status: str, step: int, error: str | None = None) -> None:
@@ -183,7 +210,8 @@ def write_status(run_dir: Path, status: str, step: int, error: str | None = None
 def read_status(run_dir: Path) -> dict:
     """status.json, or {} when the run has none (still running, or killed without a word)."""
     path = Path(run_dir) / STATUS
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_run_file(path, json.loads, "delete it, and resume=auto continues from the newest checkpoint as after "
+                         "a kill") if path.is_file() else {}
 
 
 # -----------------------------------------------------------------------------
@@ -305,14 +333,17 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
     import torch
 
     candidates = checkpoints_newest_first(run_dir)
-    for path, previous in zip(candidates, [*candidates[1:], None]):
+    skipped = []
+    for path in candidates:
         try:
             torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-            return path
         except Exception as e:  # truncated or corrupt: any load error means "not this one"
-            if previous is not None:
-                warnings.warn(f"checkpoint {path} is unreadable ({type(e).__name__}); falling back to {previous.name}",
-                              UserWarning, stacklevel=2)
+            skipped.append(f"{path} ({type(e).__name__})")
+            continue
+        if skipped:
+            warnings.warn(f"checkpoint {' and '.join(skipped)} {'is' if len(skipped) == 1 else 'are'} unreadable; "
+                          f"falling back to {path.name}", UserWarning, stacklevel=2)
+        return path
     if candidates:
         names = ", ".join(p.name for p in candidates)
         raise RunError(f"run directory {run_dir} has no checkpoint that loads ({names}: truncated, corrupt or "

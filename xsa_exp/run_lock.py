@@ -154,7 +154,7 @@ def busy_message(run_dir: Path, record: dict | None) -> str:
     if record is not None and record["space"] == process_space():
         fix = f"wait for it to end or stop it (kill {record['pid']}), then relaunch with resume=auto"
     else:
-        stale_at = time.strftime("%H:%M:%S", time.localtime(beat + STALE_S))
+        stale_at = time.strftime("%H:%M:%S UTC", time.gmtime(beat + STALE_S))  # as `since`, whatever the TZ
         fix = (f"wait for it to end or stop it, then relaunch with resume=auto (if it is gone, its lock is taken over "
                f"once its heartbeat is {STALE_S} s old, from {stale_at} on)")
     return f"run directory {run_dir} is in use by {holder}; {fix}; or choose another hydra.run.dir"

@@ -15,6 +15,7 @@ import copy
 import os
 import re
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -111,8 +112,9 @@ def check_gpu_here(cfg: DictConfig) -> None:
 
 
 def check_output_folder(cfg: DictConfig, key: str) -> None:
-    """The run's (or sweep's) folder, which Hydra makes before the job starts: not empty (Hydra would work in the
-    current folder), and under no file."""
+    """The run's (or sweep's) folder, which Hydra makes before the job starts (and the job folders in a sweep's): not
+    empty (Hydra would work in the current folder), under no file or link to nothing, and where a folder can be
+    made."""
     try:
         value = str(OmegaConf.select(cfg, key))
     except OmegaConfBaseException:
@@ -120,9 +122,17 @@ def check_output_folder(cfg: DictConfig, key: str) -> None:
     if not value.strip():
         raise ConfigError(f"{key} is empty, and Hydra would run in the current folder; give it a folder of its own")
     path = Path(value).expanduser().absolute()
-    existing = next(p for p in (path, *path.parents) if p.exists())
+    existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
+    if existing.is_symlink() and not existing.exists():
+        raise ConfigError(f"{key}={value}: {existing} links to {os.readlink(existing)}, which does not exist (a file "
+                          f"system not mounted?); mount it, or choose another {key}")
     if not existing.is_dir():
         raise ConfigError(f"{key}={value}: {existing} is a file, not a folder; choose another {key}")
+    try:  # what Hydra does next, in a folder of our own, removed at once
+        os.rmdir(tempfile.mkdtemp(prefix=".xsa-exp-check-", dir=existing))
+    except OSError as e:
+        raise ConfigError(f"{key}={value}: no folder can be made in {existing} ({e.strerror or e}); free space or "
+                          f"make it writable there, or choose another {key}") from None
 
 
 class Launch(NamedTuple):

@@ -166,7 +166,9 @@ def load_run(path: Path, label: str) -> Run:
         config["trainer.precision"], config["optim.muon.ns_dtype"] = info["precision"], info["ns_dtype"]
         arm = Arm.of_run(info, str(config["xsa.parametrization"]))
         depth, seed = stage_depth(info), int(info["seed"])
-    except (OSError, ValueError, yaml.YAMLError) as e:  # JSONDecodeError and pandas' parser errors are ValueErrors
+    except rd.RunError as e:  # run.json or status.json missing or damaged
+        raise RunProblem(f"unreadable: {e}") from None
+    except (OSError, ValueError, yaml.YAMLError) as e:  # pandas' parser errors are ValueErrors
         raise RunProblem(f"unreadable: {type(e).__name__}: {e}") from None
     except KeyError as e:
         raise RunProblem(f"run.json lacks {e}") from None

@@ -219,9 +219,14 @@ def previous_attempt(cfg: DictConfig, run_dir: Path) -> tuple[bool, str | None]:
         raise ConfigError(f"run directory {run_dir} already holds a run; nothing was overwritten — choose a new "
                           "hydra.run.dir, or add resume=auto to continue it")
     check_same_config(run_dir, cfg)
+    rd.read_run_info(run_dir)  # a damaged run.json stops the run now, not when it is updated at the end
     if rd.read_status(run_dir).get("status") == "completed":
         return True, None
-    return False, rd.newest_checkpoint(run_dir)
+    checkpoint = rd.newest_checkpoint(run_dir)
+    if checkpoint is not None and not (run_dir / rd.METRICS).is_file():
+        raise RunError(f"{run_dir / rd.METRICS} is missing, so the run's rows up to {checkpoint.name} cannot be kept; "
+                       "restore it from a copy, or train the run again in a new hydra.run.dir")
+    return False, checkpoint
 
 
 def describe_run(cfg: DictConfig, run_dir: Path, model: GPT, max_steps: int, base: LoadedRun | None,
