@@ -56,7 +56,7 @@ def main() -> None:
                 else torch.autocast("cpu", enabled=False))
     start = time.perf_counter()
     with autocast:
-        result = evaluate_core(model, ByteTokenizer(), bundle, cfg.model.sequence_len, args.max_per_task or None)
+        result = evaluate_core(model, ByteTokenizer(), bundle, model.config.max_input_len, args.max_per_task or None)
     elapsed = time.perf_counter() - start
     n = len(result.examples)
     print(f"depth={args.depth} device={args.device} {result.name}: {n} examples in {elapsed:.1f} s "

@@ -107,6 +107,10 @@ def run_train(*args, tmp_path):
     (["-m", "stack=nanochat_2604", "seed=1,2", "optim.adamw.role_weight_decay={}"],
      "config error: optim.adamw.role_weight_decay={} removes nothing"),
     (["model.n_layer=${oops}"], "config error: model.n_layer: Interpolation key 'oops' not found"),
+    (["-m", "seed=1,2", "data=climbmix", "data.local_dir=~/shards"],  # a ~ the shell did not expand
+     "config error: cannot parse the override data.local_dir=~/shards (LexerNoViableAltException); Hydra's override "
+     "grammar reserves some characters (a leading ~, brackets, braces, commas, quotes): quote such a value, "
+     "'data.local_dir=\"~/shards\"'"),
 ])
 def test_bad_config_exits_before_creating_a_run_directory(args, message, tmp_path):
     result, run_dir = run_train(*args, tmp_path=tmp_path)

@@ -60,7 +60,7 @@ def make_stand_ins(root: Path) -> dict[str, str]:
     jsonl.mkdir()
     for name in ("a.jsonl", "b.jsonl"):
         (jsonl / name).write_text('{"content": "In the beginning"}\n')
-    return {"/data/climbmix": str(mirror), "~/.cache/nanochat/base_data_climbmix": str(mirror),
+    return {"/data/climbmix": str(mirror), "$HOME/.cache/nanochat/base_data_climbmix": str(mirror),
             "/data/*.jsonl": str(jsonl / "*.jsonl"), "<partition>": "gpu", "<date>": "2026-12-01", "<time>": "00-00-00",
             "<run or .ckpt>": "runs/2026-12-01/run", "$d": "runs/d24_sft/0"}
 

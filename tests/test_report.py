@@ -260,7 +260,7 @@ def test_table_values_and_relative_change(tmp_path):
     assert got[XSA, "val/bpb", "delta_pct"] == pytest.approx(-0.0027 / 0.8484 * 100)
     # One shared seed: a paired difference without an interval, which is not called either way.
     assert got[XSA, "val/bpb", "paired_delta"] == pytest.approx(-0.0027)
-    assert "| val/bpb | paired over seeds | −0.0027 | n=1, no interval | 1 seeds | n.a. |" in text
+    assert "| val/bpb | paired over seeds | −0.0027 | n=1, no interval | 1 seed | n.a. |" in text
 
 
 def test_seeds_pooled_and_paired(tmp_path):

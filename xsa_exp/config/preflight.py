@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import (
@@ -315,6 +315,11 @@ def composition_error(error: Exception, overrides: list[str], compose) -> str:
     if isinstance(error, MissingConfigException) and error.options:  # a group option that does not exist
         group, _, option = str(error.missing_cfg_file).rpartition("/")
         return f"{group}={option} is not an option; allowed: {', '.join(sorted(error.options))}"
+    if isinstance(error, OverrideParseException):  # e.g. data.local_dir=~/data: a leading ~ is the grammar's
+        key, _, value = error.override.partition("=")
+        reason = first_line(error).replace(f": {error.override}", "")
+        return (f"cannot parse the override {error.override} ({reason}); Hydra's override grammar reserves some "
+                f"characters (a leading ~, brackets, braces, commas, quotes): quote such a value, '{key}=\"{value}\"'")
     cause = error
     while cause is not None and not (isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None)):
         cause = cause.__cause__ or cause.__context__

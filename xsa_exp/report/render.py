@@ -106,7 +106,11 @@ def fmt_interval(e: Estimate) -> str:
 
 
 def fmt_difference(e: Estimate | None) -> str:
-    return "—" if e is None else f"{num(e.value, sign=True)} {fmt_interval(e)} ({e.n} seeds)"
+    return "—" if e is None else f"{num(e.value, sign=True)} {fmt_interval(e)} ({seeds(e.n)})"
+
+
+def seeds(n: int) -> str:
+    return f"{n} seed" + ("" if n == 1 else "s")
 
 
 def fmt_p(p: float) -> str:
@@ -222,8 +226,9 @@ def differences(results: list[ArmResult], out: Numbers) -> list[str]:
                                              "examples")):
                 if m in table:
                     e = table[m]
-                    tests.append([r.arm.label, m, test, num(e.value, sign=True), fmt_interval(e), f"{e.n:,} {unit}",
-                                  e.significant, out.p_text(r.depth, r.arm.label, m, name, e), *fmt_spread(e)])
+                    n = f"{e.n:,} {unit if e.n != 1 else unit[:-1]}"
+                    tests.append([r.arm.label, m, test, num(e.value, sign=True), fmt_interval(e), n, e.significant,
+                                  out.p_text(r.depth, r.arm.label, m, name, e), *fmt_spread(e)])
     parts = ["### Differences vs baseline", ""]
     if not tests:
         return parts + ["No arm shares a seed with a baseline arm of its depth, optimizer and lr scale.", ""]
@@ -319,7 +324,7 @@ def learned_alpha_section(depth: str, results: list[ArmResult], out: Numbers) ->
             for head, a in enumerate(heads):
                 out.add(depth, r.arm.label, f"alpha/L{layer}/H{head}", "final_mean", float(a))
         parts += [f"Final learned α of `{r.arm.label}`: the last diagnostics step's α per layer and head, mean "
-                  f"over {len(alphas)} seeds (0 in layers without XSA):", "",
+                  f"over {seeds(len(alphas))} (0 in layers without XSA):", "",
                   md_table(["layer", *(f"head {h}" for h in range(n_heads)), "mean"], table), ""]
     return ["### Learned α", "", *parts] if parts else []
 
