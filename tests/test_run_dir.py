@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import struct
 import warnings
+import zipfile
 
 import pytest
 import torch
@@ -54,6 +56,35 @@ def test_unreadable_newest_checkpoint_falls_back_with_a_warning(tmp_path):
         path.unlink()
     with pytest.raises(rd.RunError, match=r"has no checkpoints/\*.ckpt; was the run finished\?"):
         rd.find_checkpoint(tmp_path)
+
+
+def flip_a_weight_bit(path):
+    """One bit of a tensor's bytes flipped, the zip around it intact: what a failing disk does."""
+    with zipfile.ZipFile(path) as archive:
+        record = next(info for info in archive.infolist() if "/data/" in info.filename)
+    with open(path, "r+b") as f:
+        f.seek(record.header_offset + 26)  # the local header: the name's and the extra field's lengths, then the bytes
+        name_length, extra_length = struct.unpack("<HH", f.read(4))
+        f.seek(record.header_offset + 30 + name_length + extra_length)
+        byte = f.read(1)[0]
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte ^ 1]))
+
+
+def test_a_checkpoint_whose_bytes_fail_their_crc_is_skipped_and_refused(tmp_path):
+    """torch.load reads such a checkpoint without a word; resuming skips it, loading it for evaluation stops."""
+    good, flipped = rd.step_checkpoint(tmp_path, 2), rd.step_checkpoint(tmp_path, 4)
+    for path in (good, flipped):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"global_step": 2, "w": torch.arange(1000.0)}, path)
+    flip_a_weight_bit(flipped)
+    assert not torch.equal(torch.load(flipped)["w"], torch.arange(1000.0))  # it loads, wrong
+    with pytest.warns(UserWarning, match=r"step000004.ckpt \(BadZipFile\) is unreadable; falling back to "
+                                         r"step000002.ckpt$"):
+        assert rd.newest_checkpoint(tmp_path) == good
+    with pytest.raises(rd.RunError, match=r"step000004.ckpt is truncated, corrupt or unreadable \(BadZipFile: "
+                                          r"step000004/data/0 does not match its CRC\); use another checkpoint"):
+        rd.load_trained(flipped)
 
 
 def test_status_and_run_info_round_trip(tmp_path):

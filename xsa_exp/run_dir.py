@@ -16,7 +16,7 @@
         diagnostics.csv        attention diagnostics per layer and head
 
 The newest checkpoint, for resuming and for loading alike: final.ckpt, else the step checkpoint with the highest
-step number in its name; one that does not load is skipped with a warning.
+step number in its name; one that does not load, or whose bytes fail their CRCs, is skipped with a warning.
 
 Importing this module is cheap (no torch); what loads checkpoints imports torch when called.
 """
@@ -337,6 +337,7 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
     for path in candidates:
         try:
             torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+            check_crcs(path)
         except Exception as e:  # truncated or corrupt: any load error means "not this one"
             skipped.append(f"{path} ({type(e).__name__})")
             continue
@@ -349,6 +350,15 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
         raise RunError(f"run directory {run_dir} has no checkpoint that loads ({names}: truncated, corrupt or "
                        "unreadable); restore its checkpoints from a copy, or train the run again in a new directory")
     return None
+
+
+def check_crcs(path: Path) -> None:
+    """BadZipFile where a record of the checkpoint (a zip) does not match its CRC: torch.load does not check them, so
+    bits a disk flipped would load, and a resumed run would go on from wrong weights."""
+    with zipfile.ZipFile(path) as archive:
+        record = archive.testzip()
+    if record is not None:
+        raise zipfile.BadZipFile(f"{record} does not match its CRC")
 
 
 def find_checkpoint(path: Path) -> Path:
@@ -392,6 +402,7 @@ def load_trained(path: str | Path, map_location="cpu") -> LoadedRun:
     run_dir = checkpoint_path.parent.parent
     try:
         checkpoint = torch.load(checkpoint_path, map_location=map_location, weights_only=False)
+        check_crcs(checkpoint_path)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
         raise RunError(f"checkpoint {checkpoint_path} is truncated, corrupt or unreadable ({type(e).__name__}: "
                        f"{' '.join(str(e).split())[:120]}); use another checkpoint of the run") from None
