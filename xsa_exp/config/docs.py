@@ -43,12 +43,16 @@ def markdown(conf_dir: Path) -> str:
     from hydra import compose, initialize_config_dir
 
     out, seen = [KEYS_BEGIN], set()
-    # Keys a depth preset sets show no value, so that tuning a preset leaves this list as it is.
-    by_depth = set()
-    for preset in (conf_dir / "depth").glob("*.yaml"):
+    # Keys the default depth preset sets show no value, so that tuning a preset leaves this list as it is; a key
+    # only other presets set shows its default and names them.
+    by_depth: dict[str, list[str]] = {}
+    for preset in sorted((conf_dir / "depth").glob("*.yaml")):
         container = OmegaConf.to_container(OmegaConf.load(preset))
-        by_depth |= {f"{section}.{k}" for section, keys in container.items() if isinstance(keys, dict) for k in keys}
-        by_depth |= {k for k, v in container.items() if not isinstance(v, dict)}
+        keys = {f"{section}.{k}" for section, keys in container.items() if isinstance(keys, dict) for k in keys}
+        for key in keys | {k for k, v in container.items() if not isinstance(v, dict)}:
+            by_depth.setdefault(key, []).append(preset.stem)
+    default_depth = next(d["depth"] for d in OmegaConf.load(conf_dir / "train.yaml").defaults
+                         if isinstance(d, DictConfig) and "depth" in d)
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         for heading, config_name, overrides in DOC_CONFIGS:
             rows = []
@@ -62,8 +66,10 @@ def markdown(conf_dir: Path) -> str:
                                             and parts[0] != "data"):
                     continue
                 seen.add((scope, key))
-                preset = config_name == "train" and key in by_depth
-                default = "" if "<name>" in key else "`depth=` preset" if preset else doc_default(leaf)
+                presets = by_depth.get(key, []) if config_name == "train" else []
+                default = ("" if "<name>" in key else "`depth=` preset" if default_depth in presets
+                           else f"{doc_default(leaf)}; `depth={','.join(presets)}`: the preset's" if presets
+                           else doc_default(leaf))
                 limits = allowed(leaf.type, leaf.meta) if {"choices", "accepts"} & set(leaf.meta) else bounds(leaf.meta)
                 cells = [f"`{key}`", type_name(leaf.type), default, limits, leaf.meta.get("help", "")]
                 rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
