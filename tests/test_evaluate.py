@@ -202,8 +202,9 @@ def test_truncated_and_mismatched_checkpoints(run_dir, tmp_path):
 
 
 def test_evaluate_py_command(run_dir, tmp_path):
-    ok = subprocess.run([sys.executable, "evaluate.py", f"run={run_dir}", "eval.metrics=[bpb]"], cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
+    # from a folder where nothing can be made (/proc): the results go into the run, nothing into the current folder
+    ok = subprocess.run([sys.executable, REPO / "evaluate.py", f"run={run_dir}", "eval.metrics=[bpb]"], cwd="/proc",
+                        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "val/bpb" in ok.stdout and "results:" in ok.stdout
     assert "(over 1,024 of " in ok.stdout  # the run's eval.val_tokens covers part of the split, and says so

@@ -128,7 +128,9 @@ def check_output_folder(cfg: DictConfig, key: str) -> None:
                           f"system not mounted?); mount it, or choose another {key}")
     if not existing.is_dir():
         raise ConfigError(f"{key}={value}: {existing} is a file, not a folder; choose another {key}")
-    try:  # what Hydra does next, in a folder of our own, removed at once
+    if existing == path and key == "hydra.run.dir":
+        return  # Hydra makes nothing in it (evaluate.py's `.`); a run checks that it can write there (take_lock)
+    try:  # what Hydra does next (the folder, or a sweep's job folders), in a folder of our own, removed at once
         os.rmdir(tempfile.mkdtemp(prefix=".xsa-exp-check-", dir=existing))
     except OSError as e:
         raise ConfigError(f"{key}={value}: no folder can be made in {existing} ({e.strerror or e}); free space or "
