@@ -398,11 +398,13 @@ def load_trained(path: str | Path, map_location="cpu") -> LoadedRun:
     from xsa_exp.data.tokenizer import Tokenizer
     from xsa_exp.model import GPT, GPTConfig
 
-    checkpoint_path = find_checkpoint(Path(path).expanduser().resolve())
+    given = Path(path).expanduser().resolve()
+    checkpoint_path = find_checkpoint(given)
     run_dir = checkpoint_path.parent.parent
     try:
         checkpoint = torch.load(checkpoint_path, map_location=map_location, weights_only=False)
-        check_crcs(checkpoint_path)
+        if checkpoint_path == given:  # a run directory's newest checkpoint had its CRCs checked when it was chosen
+            check_crcs(checkpoint_path)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
         raise RunError(f"checkpoint {checkpoint_path} is truncated, corrupt or unreadable ({type(e).__name__}: "
                        f"{' '.join(str(e).split())[:120]}); use another checkpoint of the run") from None

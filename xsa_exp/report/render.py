@@ -106,11 +106,12 @@ def fmt_interval(e: Estimate) -> str:
 
 
 def fmt_difference(e: Estimate | None) -> str:
-    return "—" if e is None else f"{num(e.value, sign=True)} {fmt_interval(e)} ({seeds(e.n)})"
+    return "—" if e is None else f"{num(e.value, sign=True)} {fmt_interval(e)} ({count(e.n, 'seed')})"
 
 
-def seeds(n: int) -> str:
-    return f"{n} seed" + ("" if n == 1 else "s")
+def count(n: int, thing: str) -> str:
+    """'1 seed', '2,000 examples'."""
+    return f"{n:,} {thing}" + ("" if n == 1 else "s")
 
 
 def fmt_p(p: float) -> str:
@@ -221,14 +222,13 @@ def differences(results: list[ArmResult], out: Numbers) -> list[str]:
     tests = []
     for r in results:
         for m in metrics:
-            for test, name, table, unit in (("paired over seeds", "paired_delta", r.paired, "seeds"),
+            for test, name, table, unit in (("paired over seeds", "paired_delta", r.paired, "seed"),
                                             ("paired bootstrap over examples", "bootstrap_delta", r.bootstrap,
-                                             "examples")):
+                                             "example")):
                 if m in table:
                     e = table[m]
-                    n = f"{e.n:,} {unit if e.n != 1 else unit[:-1]}"
-                    tests.append([r.arm.label, m, test, num(e.value, sign=True), fmt_interval(e), n, e.significant,
-                                  out.p_text(r.depth, r.arm.label, m, name, e), *fmt_spread(e)])
+                    tests.append([r.arm.label, m, test, num(e.value, sign=True), fmt_interval(e), count(e.n, unit),
+                                  e.significant, out.p_text(r.depth, r.arm.label, m, name, e), *fmt_spread(e)])
     parts = ["### Differences vs baseline", ""]
     if not tests:
         return parts + ["No arm shares a seed with a baseline arm of its depth, optimizer and lr scale.", ""]
@@ -324,7 +324,7 @@ def learned_alpha_section(depth: str, results: list[ArmResult], out: Numbers) ->
             for head, a in enumerate(heads):
                 out.add(depth, r.arm.label, f"alpha/L{layer}/H{head}", "final_mean", float(a))
         parts += [f"Final learned α of `{r.arm.label}`: the last diagnostics step's α per layer and head, mean "
-                  f"over {seeds(len(alphas))} (0 in layers without XSA):", "",
+                  f"over {count(len(alphas), 'seed')} (0 in layers without XSA):", "",
                   md_table(["layer", *(f"head {h}" for h in range(n_heads)), "mean"], table), ""]
     return ["### Learned α", "", *parts] if parts else []
 
