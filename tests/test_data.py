@@ -262,9 +262,9 @@ def test_sample_corpus_gives_the_same_batches_as_before(sizes, cache_dir):
 QUIET_THEN_SAMPLE_RUN = """
 import sys, tempfile
 from xsa_exp.config.schema import SampleDataConfig
-from xsa_exp.console import quiet_libraries
+from xsa_exp.console import set_up_console
 from xsa_exp.data.datamodule import TextDataModule
-quiet_libraries()
+set_up_console()
 data = TextDataModule(SampleDataConfig(), 64, 512, 4, 42, sys.argv[1])
 data.prepare_data(); data.setup(); next(iter(data.train_dataloader()))
 assert "datasets" not in sys.modules, "the embedded corpus imported datasets"
@@ -278,7 +278,7 @@ def test_a_run_on_the_embedded_corpus_never_imports_datasets_and_its_bars_stay_o
     import it, before or after the console is quietened, its progress bars are off."""
     env = {k: v for k, v in os.environ.items() if k not in ("XSA_EXP_VERBOSE", "HF_DATASETS_DISABLE_PROGRESS_BARS")}
     subprocess.run([sys.executable, "-c", QUIET_THEN_SAMPLE_RUN, str(cache_dir)], check=True, env=env)
-    imported_first = ("import datasets\nfrom xsa_exp.console import quiet_libraries\nquiet_libraries()\n"
+    imported_first = ("import datasets\nfrom xsa_exp.console import set_up_console\nset_up_console()\n"
                       "assert datasets.utils.are_progress_bars_disabled()")
     subprocess.run([sys.executable, "-c", imported_first], check=True, env=env)
 

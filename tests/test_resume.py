@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,9 +146,9 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, small_cfg, monkeypat
     assert other_id != wandb_id and [p.name[-8:] for p in (other / "wandb").glob("offline-run-*")] == [other_id]
 
 
-def test_resume_refuses_a_different_config_and_damaged_run_files_in_one_line(tmp_path, small_cfg):
-    """A run file that a lost disk write left empty or cut short, or a deleted metrics.csv, stops resume=auto in one
-    line naming it and the fix, before anything is written; each file stays as it was found."""
+def test_resume_refuses_a_different_config_damaged_run_files_and_foreign_checkpoints_in_one_line(tmp_path, small_cfg):
+    """A run file that a lost disk write left empty or cut short, a deleted metrics.csv, or another run's checkpoint
+    stops resume=auto in one line naming it and the fix, before anything is written; each file stays as found."""
     cfg = small_cfg("train.max_steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=2", "resume=auto")
     run_dir = train(cfg, tmp_path / "run")
     with pytest.raises(ConfigError, match="was started with a different config"):
@@ -174,6 +175,22 @@ def test_resume_refuses_a_different_config_and_damaged_run_files_in_one_line(tmp
             train(cfg, run_dir)
         assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "run.lock"} == found
         path.write_bytes(saved)
+    # A checkpoint copied in from another run, of another size, or one that xsa-exp did not write, where resume=auto
+    # would take it as the newest: Lightning's load_state_dict would fail with a traceback, or resume from it.
+    other = train(small_cfg("train.max_steps=1", "model.n_embd=32"), tmp_path / "other")
+    foreign = run_dir / "checkpoints" / "step000003.ckpt"
+    for copy, origin in [(lambda: shutil.copy(other / "checkpoints" / "final.ckpt", foreign),
+                          r"was saved by a different run \(sections model, train differ from config.yaml\)"),
+                         (lambda: torch.save({"state_dict": {}}, foreign),
+                          r"was not written by xsa-exp \(it records no run config\)")]:
+        copy()
+        found = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "run.lock"}
+        with pytest.raises(RunError, match=f"^checkpoint {re.escape(str(foreign))} {origin}, so the run cannot resume "
+                                           f"from it; move it out of {re.escape(str(foreign.parent))} and "
+                                           "resume=auto continues from the run's own checkpoints$"):
+            train(cfg, run_dir)
+        assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "run.lock"} == found
+    foreign.unlink()
     (run_dir / "status.json").unlink()  # the fix the first line names
     train(cfg, run_dir)
     assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"

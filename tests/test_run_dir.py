@@ -58,6 +58,25 @@ def test_unreadable_newest_checkpoint_falls_back_with_a_warning(tmp_path):
         rd.find_checkpoint(tmp_path)
 
 
+def test_our_warnings_print_as_one_line_and_the_libraries_keep_their_form(tmp_path, monkeypatch):
+    """Python prints a warning as the message and then the source line that raised it; ours are one line."""
+    from xsa_exp.console import set_up_console
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # restored after the test
+    set_up_console()
+    set_up_console()  # once more, as a sweep's next job does: still one formatter, not one wrapping itself
+    save(rd.step_checkpoint(tmp_path, 2), 2)
+    rd.step_checkpoint(tmp_path, 4).write_bytes(b"cut short")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rd.newest_checkpoint(tmp_path)
+        warnings.warn_explicit("a library's warning", UserWarning, torch.__file__, 1)
+    ours, library = (warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught)
+    assert ours == (f"warning: checkpoint {rd.step_checkpoint(tmp_path, 4)} (RuntimeError) is unreadable; falling "
+                    "back to step000002.ckpt\n")
+    assert library.startswith(f"{torch.__file__}:1: UserWarning: a library's warning\n")
+
+
 def flip_a_weight_bit(path):
     """One bit of a tensor's bytes flipped, the zip around it intact: what a failing disk does."""
     with zipfile.ZipFile(path) as archive:

@@ -1,5 +1,8 @@
 """What a run prints: our own lines, not the libraries' chatter, unless XSA_EXP_VERBOSE=1 asks for everything.
 
+Our warnings print as one line, `warning: <message>`, not as Python's two (the message, then the source line that
+raised it); Lightning formats its own the same way, and other libraries' keep their form.
+
 Quiet by default: Lightning's hardware lines, tips and "fit stopped"/"weights_only" notes; wandb's banner
 and its "anonymous setting" warning (an offline run still says where its log is); the torch pytree
 deprecation warning Lightning triggers; datasets' progress bars ("Generating train split"), and the line its JSON
@@ -15,6 +18,8 @@ import re
 import sys
 import warnings
 
+from xsa_exp.errors import XsaExpWarning
+
 VERBOSE_ENV = "XSA_EXP_VERBOSE"
 LIGHTNING_NOISE = re.compile(r"GPU available|TPU available|HPU available|💡 Tip|`Trainer\.fit` stopped|"
                              r"`weights_only` was not set|LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES")
@@ -29,8 +34,21 @@ class DropNoise(logging.Filter):
         return not LIGHTNING_NOISE.search(record.getMessage())
 
 
-def quiet_libraries() -> None:
-    """Silence the libraries' chatter for this process (and the processes it starts), unless verbose()."""
+def format_warning(message, category, filename, lineno, line=None) -> str:
+    if issubclass(category, XsaExpWarning):
+        return f"warning: {message}\n"
+    return libraries_format_warning(message, category, filename, lineno, line)
+
+
+libraries_format_warning = warnings.formatwarning  # replaced by the one in place at set-up (Lightning's wraps it)
+
+
+def set_up_console() -> None:
+    """One-line warnings of our own, and the libraries' chatter silenced for this process (and the processes it
+    starts) unless verbose()."""
+    global libraries_format_warning
+    if warnings.formatwarning is not format_warning:
+        libraries_format_warning, warnings.formatwarning = warnings.formatwarning, format_warning
     if verbose():
         return
     os.environ.setdefault("WANDB_SILENT", "true")

@@ -33,6 +33,10 @@ class ConfigError(UserError, ValueError):
     label = "config error"
 
 
+class XsaExpWarning(UserWarning):
+    """A warning of ours: what happened and what was done instead, printed as one line (xsa_exp/console.py)."""
+
+
 FAILED_JOBS: list[str] = []  # the lines of this process's sweep jobs that failed, in order
 
 

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from xsa_exp import run_dir as rd
 from xsa_exp.config.schema import ChatCoreConfig, EvaluateConfig, SftDataConfig, data_settings
-from xsa_exp.console import quiet_libraries, wandb_offline
+from xsa_exp.console import set_up_console, wandb_offline
 from xsa_exp.data.datamodule import TextDataModule
 from xsa_exp.errors import UserError
 from xsa_exp.eval.bpb import evaluate_bpb
@@ -41,7 +41,7 @@ def evaluate(cfg: DictConfig) -> Path | None:
     """Evaluate a run as configured; returns the results folder (None on the ranks other than 0). Under torchrun
     (WORLD_SIZE > 1) the processes share the validation rows, CORE's examples and ChatCORE's batches, each result
     the one process's (bpb to rounding: its rows are batched differently), and rank 0 writes it."""
-    quiet_libraries()
+    set_up_console()
     settings: EvaluateConfig = OmegaConf.to_object(cfg)
     options = settings.eval
     metrics = list(options.metrics)  # checked by the preflight (xsa_exp/config/checks.py)

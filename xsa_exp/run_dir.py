@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from xsa_exp.errors import UserError
+from xsa_exp.errors import UserError, XsaExpWarning
 from xsa_exp.write_failures import writing
 
 if TYPE_CHECKING:
@@ -172,7 +172,28 @@ def config_differences(run_dir: Path, config: dict) -> list[str]:
     saved = read_run_file(Path(run_dir) / CONFIG, lambda text: OmegaConf.to_container(OmegaConf.create(text)),
                           "resume=auto checks the command against it: restore it from a copy, or train the run again "
                           "in a new hydra.run.dir")
+    return differing_sections(saved, config)
+
+
+def differing_sections(saved: dict, config: dict) -> list[str]:
     return sorted(k for k in set(saved) | set(config) if k != "resume" and saved.get(k) != config.get(k))
+
+
+def check_checkpoint_is_the_runs(checkpoint: Path, config: dict) -> None:
+    """RunError where the checkpoint resume=auto chose was saved by another run (copied into checkpoints/, say):
+    its weights may not even fit this run's model, and its optimizer state and step are another experiment's."""
+    import torch
+
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+    saved = saved.get("xsa_exp", {}).get("config") if isinstance(saved, dict) else None
+    if saved is None:
+        origin = "was not written by xsa-exp (it records no run config)"
+    elif diff := differing_sections(saved, config):
+        origin = f"was saved by a different run (sections {', '.join(diff)} differ from config.yaml)"
+    else:
+        return
+    raise RunError(f"checkpoint {checkpoint} {origin}, so the run cannot resume from it; move it out of "
+                   f"{checkpoint.parent} and resume=auto continues from the run's own checkpoints")
 
 
 def describe_val_scope(scope: dict | None) -> str:
@@ -343,7 +364,7 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
             continue
         if skipped:
             warnings.warn(f"checkpoint {' and '.join(skipped)} {'is' if len(skipped) == 1 else 'are'} unreadable; "
-                          f"falling back to {path.name}", UserWarning, stacklevel=2)
+                          f"falling back to {path.name}", XsaExpWarning, stacklevel=2)
         return path
     if candidates:
         names = ", ".join(p.name for p in candidates)

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from xsa_exp.config.arithmetic import Transfer
 from xsa_exp.config.schema import OptimConfig
 from xsa_exp.data.packing import inputs_and_targets
+from xsa_exp.errors import XsaExpWarning
 from xsa_exp.model import GPT
 from xsa_exp.optim import MuonAdamW, OptimizerSchedule, build_param_groups
 from xsa_exp.run_dir import checkpoint_meta
@@ -107,7 +108,8 @@ class LanguageModel(L.LightningModule):
                                      "train.grad_clip, or allow train.skip_nonfinite_steps")
         self.skipped_steps += 1
         rank_zero_warn(f"non-finite {what} at step {step}: update skipped "
-                       f"({self.skipped_steps} of train.skip_nonfinite_steps={self.max_skipped_steps})")
+                       f"({self.skipped_steps} of train.skip_nonfinite_steps={self.max_skipped_steps})",
+                       category=XsaExpWarning)
 
     def configure_optimizers(self):
         optimizer = MuonAdamW(build_param_groups(self.model, self.optim_cfg, self.transfer, self.compiled))

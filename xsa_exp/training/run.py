@@ -27,9 +27,9 @@ from xsa_exp.config.arithmetic import (
     world_size,
 )
 from xsa_exp.config.schema import TrainConfig
-from xsa_exp.console import quiet_libraries, quiet_wandb_logger, wandb_offline
+from xsa_exp.console import quiet_wandb_logger, set_up_console, wandb_offline
 from xsa_exp.data.datamodule import TextDataModule
-from xsa_exp.errors import ConfigError
+from xsa_exp.errors import ConfigError, XsaExpWarning
 from xsa_exp.eval.bundle import require_bundle
 from xsa_exp.memory import memory_warning
 from xsa_exp.model import GPT, GPTConfig
@@ -82,7 +82,7 @@ def warn_if_it_will_not_fit(model: GPT, cfg: DictConfig, precision: str) -> None
                              cfg.optim.matrix_algorithm == "muon", device.total_memory, device.name,
                              cfg.model.sequence_len * world_size(cfg.trainer), batch_tokens(cfg))
     if message:
-        rank_zero_warn(message)
+        rank_zero_warn(message, category=XsaExpWarning)
 
 
 def build_loggers(cfg: DictConfig, run_dir: Path, summary: dict, wandb_id: str | None) -> list:
@@ -124,7 +124,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Path:
     """Train one model as configured; returns the run directory. The config is taken as checked: the preflight
     (xsa_exp/config/preflight.py) validates every run of a command line, each sweep job included, before any starts.
     The run holds the run directory's lock from before its first write to its end (training/sole_writer.py)."""
-    quiet_libraries()
+    set_up_console()
     export_submitit_local_ranks()
     if accelerator_is_cuda(cfg.trainer):
         use_expandable_segments()  # before anything initialises CUDA
@@ -223,9 +223,11 @@ def previous_attempt(cfg: DictConfig, run_dir: Path) -> tuple[bool, str | None]:
     if rd.read_status(run_dir).get("status") == "completed":
         return True, None
     checkpoint = rd.newest_checkpoint(run_dir)
-    if checkpoint is not None and not (run_dir / rd.METRICS).is_file():
-        raise RunError(f"{run_dir / rd.METRICS} is missing, so the run's rows up to {checkpoint.name} cannot be kept; "
-                       "restore it from a copy, or train the run again in a new hydra.run.dir")
+    if checkpoint is not None:
+        rd.check_checkpoint_is_the_runs(checkpoint, OmegaConf.to_container(cfg, resolve=True))
+        if not (run_dir / rd.METRICS).is_file():
+            raise RunError(f"{run_dir / rd.METRICS} is missing, so the run's rows up to {checkpoint.name} cannot be "
+                           "kept; restore it from a copy, or train the run again in a new hydra.run.dir")
     return False, checkpoint
 
 
