@@ -196,9 +196,20 @@ def test_truncated_and_mismatched_checkpoints(run_dir, tmp_path):
     ckpt["state_dict"] = {k: (torch.zeros(600, *v.shape[1:]) if v.shape[:1] == (512,) else v)
                           for k, v in ckpt["state_dict"].items()}
     torch.save(ckpt, other / "checkpoints" / "final.ckpt")
+    config = (run_dir / "config.yaml").read_text()
+    (other / "config.yaml").write_text(config.replace("vocab_size: 512", "vocab_size: 600"))
     with pytest.raises(RunError, match=rf"^the tokenizer at {re.escape(str(other / 'tokenizer'))} has 512 tokens and "
                                        r"the run's model 600: it is not the one the run trained with"):
         load_trained(other)
+    # Another run's checkpoint among the run's own: its results would go into the run's eval/ as the run's.
+    (other / "config.yaml").write_text(config)
+    for path in (other, other / "checkpoints" / "final.ckpt"):
+        with pytest.raises(RunError, match=rf"^checkpoint {re.escape(str(other / 'checkpoints' / 'final.ckpt'))} was "
+                                           rf"saved by a different run \(sections model differ from "
+                                           rf"{re.escape(str(other / 'config.yaml'))}\), so its results would be "
+                                           rf"filed under {re.escape(str(other))}; move it out of the run's "
+                                           r"checkpoints/, or evaluate it in the run it came from$"):
+            load_trained(path)
 
 
 def test_evaluate_py_command(run_dir, tmp_path):

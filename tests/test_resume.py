@@ -16,7 +16,7 @@ import torch
 
 from tests.conftest import REPO, SMALL
 from xsa_exp.errors import ConfigError
-from xsa_exp.run_dir import RunError
+from xsa_exp.run_dir import RunError, load_trained
 from xsa_exp.training.run import train
 from xsa_exp.write_failures import WriteFailed
 
@@ -254,6 +254,7 @@ def test_preemption_signal_saves_at_the_next_update_and_exits_cleanly(tmp_path, 
     assert status["status"] == "interrupted" and 2 <= status["step"] < 9
     assert (run_dir / "checkpoints" / f"step{status['step']:06d}.ckpt").is_file()
     assert not list((run_dir / "checkpoints").glob("*-v*.ckpt"))
+    assert load_trained(run_dir).step == status["step"]  # an interrupted run's checkpoint evaluates: its tokenizer
     resumed = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     kept = ["final.ckpt"] + (["step000008.ckpt", "step000009.ckpt"] if checkpoint_every else [])  # not the signal's

@@ -167,12 +167,16 @@ def write_run_files(run_dir: Path, config_yaml: str, info: dict) -> None:
 def config_differences(run_dir: Path, config: dict) -> list[str]:
     """The top-level sections in which `config` (resolved) differs from the run's config.yaml: a run continued with
     resume=auto must be the same experiment, and only `resume` itself may differ."""
+    saved = read_run_config(run_dir, "resume=auto checks the command against it: restore it from a copy, or train "
+                                     "the run again in a new hydra.run.dir")
+    return differing_sections(saved, config)
+
+
+def read_run_config(run_dir: Path, use: str) -> dict:
+    """The run's config.yaml as a dict; RunError naming the file, its damage and `use` (what needs it, the fix)."""
     from omegaconf import OmegaConf
 
-    saved = read_run_file(Path(run_dir) / CONFIG, lambda text: OmegaConf.to_container(OmegaConf.create(text)),
-                          "resume=auto checks the command against it: restore it from a copy, or train the run again "
-                          "in a new hydra.run.dir")
-    return differing_sections(saved, config)
+    return read_run_file(Path(run_dir) / CONFIG, lambda text: OmegaConf.to_container(OmegaConf.create(text)), use)
 
 
 def differing_sections(saved: dict, config: dict) -> list[str]:
@@ -432,6 +436,12 @@ def load_trained(path: str | Path, map_location="cpu") -> LoadedRun:
     meta = checkpoint.get("xsa_exp") if isinstance(checkpoint, dict) else None
     if not meta or "state_dict" not in checkpoint:
         raise RunError(f"{checkpoint_path} is not an xsa-exp checkpoint (no xsa_exp metadata or state_dict)")
+    if (run_dir / CONFIG).is_file():  # its results go into run_dir/eval: they must be that run's
+        saved = read_run_config(run_dir, "evaluate.py checks the checkpoint against it: restore it from a copy")
+        if diff := differing_sections(saved, meta["config"]):
+            raise RunError(f"checkpoint {checkpoint_path} was saved by a different run (sections {', '.join(diff)} "
+                           f"differ from {run_dir / CONFIG}), so its results would be filed under {run_dir}; move it "
+                           "out of the run's checkpoints/, or evaluate it in the run it came from")
     config = OmegaConf.create(meta["config"])
     model = GPT(GPTConfig.of(typed(config.model, ModelConfig), typed(config.xsa, XSAConfig)))
     state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}

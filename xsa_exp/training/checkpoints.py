@@ -1,6 +1,6 @@
 """Checkpoints in the run directory: every file written beside its final name and renamed into place, periodic ones
-kept to the newest few, stale step checkpoints removed once a newer one exists, and under DDP one checkpoint that
-every rank resumes from."""
+kept to the newest few, stale step checkpoints removed once a newer one exists, under DDP one checkpoint that every
+rank resumes from, and the run's tokenizer beside them from the first update on."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
 
 from xsa_exp import run_dir as rd
 from xsa_exp.run_dir import RunError
@@ -65,6 +66,20 @@ class PeriodicCheckpoint(ModelCheckpoint):
         if step % self.every == 0 and step != self.clock_restarted_at:  # once per saving step, not per micro-batch
             self.clock.restart(pl_module.device)
             self.clock_restarted_at = step
+
+
+class RunTokenizer(L.Callback):
+    """The run's tokenizer copied into it before its first update, so that each of its checkpoints can be loaded,
+    evaluated and generated from (xsa_exp/run_dir.py, load_trained) while it trains, or after it was interrupted or
+    failed, and after the tokenizer cache is cleared. Again on every attempt: a kill during the copy leaves no
+    partial folder behind for good."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+
+    @rank_zero_only
+    def on_train_start(self, trainer, pl_module) -> None:
+        rd.copy_tokenizer(trainer.datamodule.tokenizer_dir, self.run_dir)
 
 
 class SameResumeCheckpoint(L.Callback):

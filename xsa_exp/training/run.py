@@ -39,6 +39,7 @@ from xsa_exp.run_lock import LockLost
 from xsa_exp.training.checkpoints import (
     PeriodicCheckpoint,
     RunDirCheckpointIO,
+    RunTokenizer,
     SameResumeCheckpoint,
     remove_untracked_step_checkpoints,
 )
@@ -184,7 +185,6 @@ def train_as_writer(cfg: DictConfig, run_dir: Path, writer: RunDirWriter) -> Pat
         return run_dir
     trainer.save_checkpoint(rd.final_checkpoint(run_dir))
     remove_untracked_step_checkpoints(trainer, run_dir)
-    save_tokenizer(run_dir, datamodule)
     update_run_file(run_dir, epoch_tokens=datamodule.epoch_tokens)
     if cfg.eval.every > 0:
         update_run_file(run_dir, val_scope=datamodule.val_scope(cfg.eval.val_tokens))
@@ -325,11 +325,11 @@ def load_base_run(cfg: DictConfig, model: GPT) -> LoadedRun | None:
 def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT, writer: RunDirWriter,
                     resume_from: str | None) -> list[L.Callback]:
     """The ranks' agreement on the checkpoint they resume from, before anything loads; the lock check next, before
-    any callback writes; train metrics next, so each step's train row precedes its evaluation rows; the update clock
-    last, so the next update's time starts after all of them (Lightning runs the periodic checkpoint after every
-    callback, so it is taken after every row of its step is logged, and restarts the clock itself). Every step with
-    a console line, an evaluation or a checkpoint is a host-sync step; the updates between them never wait for the
-    device."""
+    any callback writes; the run's tokenizer copied in next; train metrics next, so each step's train row precedes
+    its evaluation rows; the update clock last, so the next update's time starts after all of them (Lightning runs
+    the periodic checkpoint after every callback, so it is taken after every row of its step is logged, and restarts
+    the clock itself). Every step with a console line, an evaluation or a checkpoint is a host-sync step; the updates
+    between them never wait for the device."""
     tokens = batch_tokens(cfg)
     e = cfg.eval
     bundle = (require_bundle(e.bundle_dir, f"eval.core_every={e.core_every}", "use eval.core_every=0")
@@ -338,7 +338,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, model: GPT, writer: RunDirWr
     clock = UpdateClock(sync)
     peak = device_peak_flops(torch.device("cuda" if accelerator_is_cuda(cfg.trainer) else "cpu"), cfg.train.peak_flops)
     metrics = TrainMetrics(tokens, cfg.log.ema_beta, cfg.log.print_every, clock, model.flops_per_token(), peak)
-    callbacks = [SameResumeCheckpoint(run_dir, resume_from), LockCheck(writer, sync), metrics,
+    callbacks = [SameResumeCheckpoint(run_dir, resume_from), LockCheck(writer, sync), RunTokenizer(run_dir), metrics,
                  ValidationBPB(e.every, e.val_tokens, tokens),
                  AttentionDiagnostics(e.diag_every, tokens, e.diag_rows, run_dir),
                  CoreEvaluation(e.core_every, tokens, bundle, e.core_max_per_task)]
@@ -376,9 +376,3 @@ def update_run_file(run_dir: Path, **entries) -> None:
 @rank_zero_only
 def save_status(run_dir: Path, status: str, step: int, error: str | None = None) -> None:
     rd.write_status(run_dir, status, step, error)
-
-
-@rank_zero_only
-def save_tokenizer(run_dir: Path, datamodule: TextDataModule) -> None:
-    """Copy the tokenizer next to the checkpoint, so the run stays usable after the cache is cleared."""
-    rd.copy_tokenizer(datamodule.tokenizer_dir, run_dir)
