@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -584,6 +585,26 @@ def test_failed_and_missing_runs_are_listed(tmp_path):
     assert "`12-00-00/0`" in text.split("## Runs")[1].split("## Missing")[0]
 
 
+def test_a_completed_runs_metrics_cut_short_is_listed_as_damaged_not_reported(tmp_path):
+    """A metrics.csv cut short (a lost write, a copy stopped part way) would give an earlier step's val/bpb as the
+    run's final one, and a Δ that was never measured."""
+    study = tmp_path / "study"
+    completed = {"status": "completed", "step": 20, "error": None}
+    make_run(study, "b1", seed=1, final_bpb=0.85, status=completed)
+    make_run(study, "x1", alpha=1.0, seed=1, final_bpb=0.86, status=completed)
+    make_run(study, "x2", alpha=1.0, seed=2, final_bpb=0.86, status=completed)
+    for name, tail in (("x1", 5), ("x2", 0)):  # the header, steps 0-7, and 5 characters of step 8's row, or none
+        metrics = study / name / "metrics.csv"
+        lines = metrics.read_text().splitlines(keepends=True)
+        metrics.write_text("".join(lines[:9]) + lines[9][:tail])
+    text = build_report([study], tmp_path / "out").read_text()
+    failed = text.split("## Missing or failed runs")[1]
+    assert ("- `study/x1`: damaged: metrics.csv ends at step 7, its last row cut short, but the run completed step 20 "
+            "(status.json); restore metrics.csv from a copy, or train the run again") in failed
+    assert "- `study/x2`: damaged: metrics.csv ends at step 7, but the run completed step 20" in failed
+    assert "1 complete runs, 2 missing or failed" in text
+
+
 def test_different_step_counts(tmp_path):
     study = tmp_path / "study"
     make_run(study, "base", alpha=0.0, steps=100, final_bpb=0.80)
@@ -616,6 +637,20 @@ def test_never_overwrites_a_report(tmp_path):
     assert (out / "report.md").read_text() == before and (out / "plots" / "stale.png").exists()
     build_report([tmp_path / "study"], out, force=True)
     assert not (out / "plots" / "stale.png").exists()
+    for where in (out / "report.md" / "sub", Path("/proc/xsa-exp-report")):  # under a file; where none can be made
+        with pytest.raises(ReportError, match=rf"^cannot make the report folder {re.escape(str(where))} \(.*\); "
+                                              "choose another --out$"):
+            build_report([tmp_path / "study"], where)
+
+
+def test_a_sweep_whose_multirun_yaml_is_damaged_is_read_from_its_job_folders(tmp_path):
+    sweep = tmp_path / "sweep"
+    make_run(sweep, "0", seed=1)
+    make_run(sweep, "1", alpha=1.0, seed=1)
+    for damage in (b"hydra: {sweep: [", b"\xff\xfe not text"):  # YAML cut short; bytes that are not UTF-8
+        (sweep / "multirun.yaml").write_bytes(damage)
+        text = build_report([sweep], tmp_path / "out", force=True).read_text()
+        assert "2 complete runs, 0 missing or failed" in text
 
 
 def test_errors_when_nothing_to_report(tmp_path):

@@ -45,7 +45,11 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
     tests = render.paired_tests(results, interactions, [row for rows in settings.values() for row in rows])
 
     plots_dir = out_dir / "plots"
-    plots_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        plots_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReportError(f"cannot make the report folder {out_dir} ({e.strerror}: {e.filename}); choose another "
+                          "--out") from None
     for stale in plots_dir.glob("*.png"):  # --force: no plot of an earlier report may pass for this one's
         stale.unlink()
     out = render.Numbers(holm_by_family({key: e.p for key, e in tests.items()})[0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -177,6 +178,9 @@ def load_run(path: Path, label: str) -> Run:
     complete = (path / rd.METRICS).is_file() and rd.final_checkpoint(path).is_file()
     if complete and raw.empty:
         raise RunProblem("metrics.csv has no rows")
+    if complete and status.get("status") == "completed":
+        last_step = pd.to_numeric(raw["step"], errors="coerce").max()
+        check_metrics_reach(path / rd.METRICS, last_step, status.get("step") or 0)
     n_params = int(info["param_counts"]["total"])
     run = Run(path, label, depth, arm, seed, n_params, raw.apply(pd.to_numeric, errors="coerce"), raw != "",
               info=info, complete=complete, status=status, config=config)
@@ -241,6 +245,18 @@ def setting_names(keys: list[str]) -> dict[str, str]:
             parts += 1
         names[key] = name(key, parts)
     return names
+
+
+def check_metrics_reach(path: Path, last_step: float, final_step: int) -> None:
+    """A completed run's metrics.csv ends with a whole row (the writer ends each with a newline) at the run's last
+    step; one cut short (a lost write, a copy stopped part way) would report an earlier step's numbers as final."""
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        whole = f.read(1) == b"\n"
+    if not whole or not last_step >= final_step:
+        cut = "" if whole else ", its last row cut short"
+        raise RunProblem(f"damaged: metrics.csv ends at step {last_step:.0f}{cut}, but the run completed step "
+                         f"{final_step} (status.json); restore metrics.csv from a copy, or train the run again")
 
 
 def incomplete_reason(run: Run) -> str:

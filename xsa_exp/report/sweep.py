@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -22,6 +23,6 @@ def expected_jobs(sweep: Path) -> dict[int, str]:
             return {}
         params = hydra.sweeper.get("params") or {}
         jobs, varying = sweep_jobs([*(f"{key}={value}" for key, value in params.items()), *hydra.overrides.task])
-    except (OSError, OmegaConfBaseException, ConfigError):
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException, ConfigError):  # ValueError: not UTF-8
         return {}
     return {num: " ".join(o for o in job if o.split("=", 1)[0] in varying) for num, job in enumerate(jobs)}
