@@ -2,6 +2,7 @@ import hashlib
 import math
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import torch
 from xsa_exp.config.schema import SampleDataConfig, WikiDataConfig
 from xsa_exp.data.datamodule import TextDataModule, unigram_bits_per_byte
 from xsa_exp.data.packing import best_fit_rows, cut_rows, pack_documents, packed_rows
+from xsa_exp.data.sources import DataError
 from xsa_exp.data.streaming import EpochPermutations, buffer_shuffle
 from xsa_exp.data.tokenizer import SPECIAL_TOKENS, Tokenizer, char_budget, load_or_train_tokenizer
 from xsa_exp.eval.bpb import BitsPerByte, evaluate_bpb
@@ -98,6 +100,30 @@ def test_tokenizer_cache_is_reused(tmp_path, monkeypatch):
     monkeypatch.setattr(Tokenizer, "train", classmethod(lambda *a, **k: pytest.fail("retrained a cached tokenizer")))
     second, path2 = load_or_train_tokenizer(tmp_path, "corpus-v300", 300, lambda: TEXTS)
     assert path == path2 and second.encode(TEXTS[1]) == first.encode(TEXTS[1])
+
+
+def test_a_damaged_tokenizer_is_one_line_naming_its_file_and_in_the_cache_the_fix(tmp_path):
+    """A lost write leaves tokenizer.json empty or merges.tiktoken cut short (tiktoken would panic on the repeated rank
+    of a line cut inside its number); a run's own copy gives evaluate.py's error, the cache's a training run's."""
+    _, cached = load_or_train_tokenizer(tmp_path, "corpus-v300", 300, lambda: TEXTS)
+    meta, merges = (cached / "tokenizer.json").read_bytes(), (cached / "merges.tiktoken").read_bytes()
+    cut_in_a_rank = merges[:merges.rindex(b" ") + 2]  # the last line's rank keeps its first digit
+    last_rank = 300 - len(SPECIAL_TOKENS) - 1
+    for name, damage, message in [
+        ("tokenizer.json", b"", r"tokenizer.json is damaged \(JSONDecodeError: .*\)"),
+        ("tokenizer.json", b'{"pattern": "x"}', r"tokenizer.json is damaged \(KeyError: "),
+        ("merges.tiktoken", cut_in_a_rank, rf"merges.tiktoken is damaged: its ranks are not 0 to {last_rank}, each "
+                                           r"once \(cut short\?\)"),
+    ]:
+        (cached / name).write_bytes(damage)
+        with pytest.raises(ValueError, match=message):
+            Tokenizer.load(cached)
+        with pytest.raises(DataError, match=rf"^the cached tokenizer {re.escape(str(cached))} is damaged "
+                                            rf"\(.*{message}.*\); delete that folder, and the next run trains it "
+                                            "again$"):
+            load_or_train_tokenizer(tmp_path, "corpus-v300", 300, lambda: TEXTS)
+        (cached / "tokenizer.json").write_bytes(meta)
+        (cached / "merges.tiktoken").write_bytes(merges)
 
 
 def test_packing_prefixes_bos_and_cuts_rows(tokenizer):

@@ -453,7 +453,8 @@ def load_trained(path: str | Path, map_location="cpu") -> LoadedRun:
     try:
         tokenizer = Tokenizer.load(run_dir / meta["tokenizer_dir"])
     except (FileNotFoundError, ValueError) as e:
-        raise RunError(f"cannot load the run's tokenizer: {e}") from None
+        raise RunError(f"cannot load the run's tokenizer: {e}; put the run's own tokenizer folder back (a copy of it, "
+                       "or the one in the tokenizer cache it was copied from)") from None
     if tokenizer.vocab_size != config.model.vocab_size:  # a run trains with exactly its model's vocabulary
         raise RunError(f"the tokenizer at {run_dir / meta['tokenizer_dir']} has {tokenizer.vocab_size} tokens and the "
                        f"run's model {config.model.vocab_size}: it is not the one the run trained with; put the run's "

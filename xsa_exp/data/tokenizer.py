@@ -84,8 +84,16 @@ class Tokenizer:
         meta_path = directory / "tokenizer.json"
         if not meta_path.is_file():
             raise FileNotFoundError(f"no tokenizer at {directory} (missing tokenizer.json)")
-        meta = json.loads(meta_path.read_text())
-        tokenizer = cls(read_merges(directory / "merges.tiktoken"), meta["pattern"])
+        try:
+            meta = json.loads(meta_path.read_text())
+            pattern, merged = meta["pattern"], meta["vocab_size"] - len(meta["special_tokens"])
+        except (ValueError, KeyError, TypeError) as e:  # a lost write: empty, cut short
+            raise ValueError(f"{meta_path} is damaged ({type(e).__name__}: {e})") from None
+        ranks = read_merges(directory / "merges.tiktoken")
+        if sorted(ranks.values()) != list(range(merged)):  # tiktoken would panic on a repeated rank, not raise
+            raise ValueError(f"{directory / 'merges.tiktoken'} is damaged: its ranks are not 0 to {merged - 1}, "
+                             "each once (cut short?)")
+        tokenizer = cls(ranks, pattern)
         if tokenizer.special_tokens != meta["special_tokens"]:
             raise ValueError(f"tokenizer at {directory} has other special tokens than this version of xsa-exp")
         return tokenizer
@@ -127,7 +135,7 @@ def load_or_train_tokenizer(cache_root: Path, key: str, vocab_size: int,
     """
     directory = cache_root / "tokenizers" / key
     if (directory / "token_bytes.pt").is_file():
-        return Tokenizer.load(directory), directory
+        return load_cached(directory), directory
     tokenizer = Tokenizer.train(texts(), vocab_size)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=directory.parent))
@@ -136,8 +144,16 @@ def load_or_train_tokenizer(cache_root: Path, key: str, vocab_size: int,
         staging.rename(directory)
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
-        return Tokenizer.load(directory), directory
+        return load_cached(directory), directory
     return tokenizer, directory
+
+
+def load_cached(directory: Path) -> Tokenizer:
+    try:
+        return Tokenizer.load(directory)
+    except (FileNotFoundError, ValueError) as e:
+        raise DataError(f"the cached tokenizer {directory} is damaged ({e}); delete that folder, and the next run "
+                        "trains it again") from None
 
 
 def in_child_process(work: Callable[[], T]) -> T:
