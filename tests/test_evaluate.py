@@ -189,6 +189,17 @@ def test_truncated_and_mismatched_checkpoints(run_dir, tmp_path):
     torch.save(ckpt, mismatched)
     with pytest.raises(RunError, match="does not match its config"):
         load_trained(mismatched)
+    ckpt["xsa_exp"]["config"]["model"]["future_key"] = 1  # a key of another version of xsa-exp
+    torch.save(ckpt, mismatched)
+    with pytest.raises(RunError, match=r"^checkpoint .*other.ckpt holds a config this version of xsa-exp cannot read "
+                                       r"\(ConfigKeyError: Key 'future_key' not in 'ModelConfig'\); use the version "
+                                       "that trained it$"):
+        load_trained(mismatched)
+    for meta in (5, {"skipped_steps": 0}):  # not a dict; no config
+        torch.save({**ckpt, "xsa_exp": meta}, mismatched)
+        with pytest.raises(RunError, match=r"other.ckpt is not an xsa-exp checkpoint \(no xsa_exp metadata with its "
+                                           r"config, or no state_dict\)$"):
+            load_trained(mismatched)
     other = tmp_path / "other"  # another run's tokenizer of another size in the run's folder
     shutil.copytree(run_dir, other, ignore=shutil.ignore_patterns("eval"))
     ckpt = torch.load(good, weights_only=False)

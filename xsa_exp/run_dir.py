@@ -418,6 +418,7 @@ def load_trained(path: str | Path, map_location="cpu") -> LoadedRun:
     """The model, config and tokenizer of a run directory (its newest checkpoint) or of one checkpoint file."""
     import torch
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     from xsa_exp.config.schema import ModelConfig, XSAConfig, typed
     from xsa_exp.data.tokenizer import Tokenizer
@@ -434,16 +435,21 @@ def load_trained(path: str | Path, map_location="cpu") -> LoadedRun:
         raise RunError(f"checkpoint {checkpoint_path} is truncated, corrupt or unreadable ({type(e).__name__}: "
                        f"{' '.join(str(e).split())[:120]}); use another checkpoint of the run") from None
     meta = checkpoint.get("xsa_exp") if isinstance(checkpoint, dict) else None
-    if not meta or "state_dict" not in checkpoint:
-        raise RunError(f"{checkpoint_path} is not an xsa-exp checkpoint (no xsa_exp metadata or state_dict)")
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict) or "state_dict" not in checkpoint:
+        raise RunError(f"{checkpoint_path} is not an xsa-exp checkpoint (no xsa_exp metadata with its config, or no "
+                       "state_dict)")
     if (run_dir / CONFIG).is_file():  # its results go into run_dir/eval: they must be that run's
         saved = read_run_config(run_dir, "evaluate.py checks the checkpoint against it: restore it from a copy")
         if diff := differing_sections(saved, meta["config"]):
             raise RunError(f"checkpoint {checkpoint_path} was saved by a different run (sections {', '.join(diff)} "
                            f"differ from {run_dir / CONFIG}), so its results would be filed under {run_dir}; move it "
                            "out of the run's checkpoints/, or evaluate it in the run it came from")
-    config = OmegaConf.create(meta["config"])
-    model = GPT(GPTConfig.of(typed(config.model, ModelConfig), typed(config.xsa, XSAConfig)))
+    try:  # a config saved by another version of xsa-exp: a key it has and this one lacks, or another type
+        config = OmegaConf.create(meta["config"])
+        model = GPT(GPTConfig.of(typed(config.model, ModelConfig), typed(config.xsa, XSAConfig)))
+    except OmegaConfBaseException as e:
+        raise RunError(f"checkpoint {checkpoint_path} holds a config this version of xsa-exp cannot read "
+                       f"({type(e).__name__}: {str(e).splitlines()[0]}); use the version that trained it") from None
     state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}
     try:
         model.load_state_dict(state)
