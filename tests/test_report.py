@@ -653,6 +653,18 @@ def test_a_sweep_whose_multirun_yaml_is_damaged_is_read_from_its_job_folders(tmp
         assert "2 complete runs, 0 missing or failed" in text
 
 
+def test_a_baseline_alpha_that_no_run_has_or_that_is_not_an_alpha_is_refused(tmp_path):
+    make_run(tmp_path / "study", "base")
+    make_run(tmp_path / "study", "xsa", alpha=1.0)
+    for alpha, message in ((0.5, r"--baseline-alpha 0.5: no complete run has that α \(the runs' fixed α: 0, 1\); "
+                                 "give one of them$"),
+                           (2.0, r"--baseline-alpha 2 is not an α of XSA; give one in \[0, 1\]$"),
+                           (float("nan"), r"--baseline-alpha nan is not an α of XSA")):
+        with pytest.raises(ReportError, match=message):
+            build_report([tmp_path / "study"], tmp_path / "out", baseline_alpha=alpha)
+    assert not (tmp_path / "out").exists()
+
+
 def test_errors_when_nothing_to_report(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ReportError, match="no run directories"):

@@ -37,8 +37,14 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
         raise ReportError(f"{out_dir} already exists and is not empty; nothing was overwritten "
                           "(choose another --out, or pass --force)")
+    if not 0 <= baseline_alpha <= 1:  # NaN too
+        raise ReportError(f"--baseline-alpha {baseline_alpha:g} is not an α of XSA; give one in [0, 1]")
     loaded, problems = load_runs(paths)
     runs = [run for run in loaded if run.complete]
+    alphas = sorted({run.arm.alpha for run in runs if run.arm.alpha is not None})
+    if baseline_alpha != 0 and baseline_alpha not in alphas:  # α = 0: the no-XSA arms too, by layers=none
+        raise ReportError(f"--baseline-alpha {baseline_alpha:g}: no complete run has that α (the runs' fixed α: "
+                          f"{', '.join(f'{a:g}' for a in alphas) or 'none'}); give one of them")
     results = cmp.compare(runs, baseline_alpha)
     interactions = cmp.optimizer_interactions(results)
     settings = cmp.setting_rows(results)
