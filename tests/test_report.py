@@ -637,6 +637,13 @@ def test_never_overwrites_a_report(tmp_path):
     assert (out / "report.md").read_text() == before and (out / "plots" / "stale.png").exists()
     build_report([tmp_path / "study"], out, force=True)
     assert not (out / "plots" / "stale.png").exists()
+    mine = tmp_path / "mine"  # a folder of the user's, not a report: --force replaces reports only
+    (mine / "plots").mkdir(parents=True)
+    (mine / "plots" / "holiday.png").write_bytes(b"mine")
+    with pytest.raises(ReportError, match=r"mine is not empty and holds no report.md: not a report folder, so --force "
+                                          r"does not replace it; nothing was overwritten \(choose another --out\)$"):
+        build_report([tmp_path / "study"], mine, force=True)
+    assert (mine / "plots" / "holiday.png").read_bytes() == b"mine"
     for where in (out / "report.md" / "sub", Path("/proc/xsa-exp-report")):  # under a file; where none can be made
         with pytest.raises(ReportError, match=rf"^cannot make the report folder {re.escape(str(where))} \(.*\); "
                                               "choose another --out$"):

@@ -37,6 +37,9 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
         raise ReportError(f"{out_dir} already exists and is not empty; nothing was overwritten "
                           "(choose another --out, or pass --force)")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "report.md").is_file():
+        raise ReportError(f"{out_dir} is not empty and holds no report.md: not a report folder, so --force does not "
+                          "replace it; nothing was overwritten (choose another --out)")
     if not 0 <= baseline_alpha <= 1:  # NaN too
         raise ReportError(f"--baseline-alpha {baseline_alpha:g} is not an α of XSA; give one in [0, 1]")
     loaded, problems = load_runs(paths)
