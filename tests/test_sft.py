@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -107,6 +108,17 @@ def test_hub_sources_offline_name_the_local_fix(base_run, monkeypatch):
     with pytest.raises(DataError, match=r"hub dataset HuggingFaceTB/smol-smoltalk .* HF_HUB_OFFLINE is set; set "
                                         r"data.train_sources.smoltalk.data_files"):
         load_conversations(data_settings(cfg.data), "train_sources")
+
+
+def test_a_local_file_datasets_cannot_read_names_it_and_no_connection(tmp_path):
+    """A corrupt parquet file given in data_files: the fix is the file, not the network."""
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 not a parquet file PAR1")
+    data = data_settings(compose_config(*SMALL, "stage=sft", "init_from=x", *SFT_DATA,
+                                        f"data.train_sources.smoltalk.data_files={bad}").data)
+    with pytest.raises(DataError, match=rf"^cannot load {re.escape(str(bad))} \(.*\); replace them with readable "
+                                        r"copies, or leave them out of data.train_sources.smoltalk.data_files$"):
+        load_conversations(data, "train_sources")
 
 
 def test_rows_that_do_not_fit_the_format_are_one_clear_error(tmp_path):

@@ -58,8 +58,9 @@ def load_rows(key: str, source: ChatSourceConfig):
                 raise DataError(f"cannot load {file}: {bad_line}; correct it, or leave it out of {key}.data_files") \
                     from e
         reason = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
-        raise DataError(f"cannot load {where} ({type(e).__name__}: {reason}); set {key}.data_files to a local copy "
-                        "or check the connection") from e
+        fix = (f"replace them with readable copies, or leave them out of {key}.data_files" if files else
+               f"set {key}.data_files to a local copy, or check the connection")
+        raise DataError(f"cannot load {where} ({type(e).__name__}: {reason}); {fix}") from e
     if source.max_rows is not None:
         rows = rows.select(range(min(source.max_rows, len(rows))))
     return rows
