@@ -194,6 +194,13 @@ def test_resume_refuses_a_different_config_damaged_run_files_and_foreign_checkpo
     (run_dir / "status.json").unlink()  # the fix the first line names
     train(cfg, run_dir)
     assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
+    assert train(cfg, run_dir) == run_dir  # complete: left alone ...
+    final = run_dir / "checkpoints" / "final.ckpt"
+    final.write_bytes(final.read_bytes()[:4000])  # ... unless the checkpoint its results come from is damaged
+    with pytest.raises(RunError, match=rf"^run {re.escape(str(run_dir))} is complete, but its final.ckpt does not "
+                                       r"load \(RuntimeError\); restore it from a copy, or train the run again in a "
+                                       "new hydra.run.dir$"):
+        train(cfg, run_dir)
 
 
 def test_every_preemption_signal_gets_the_same_handler_for_the_run_and_the_old_one_back():

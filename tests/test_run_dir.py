@@ -56,6 +56,16 @@ def test_unreadable_newest_checkpoint_falls_back_with_a_warning(tmp_path):
         path.unlink()
     with pytest.raises(rd.RunError, match=r"has no checkpoints/\*.ckpt; was the run finished\?"):
         rd.find_checkpoint(tmp_path)
+    save(rd.final_checkpoint(tmp_path), 9)
+    (tmp_path / rd.CONFIG).write_text("seed: 1\n")
+    with pytest.raises(rd.RunError, match=rf"checkpoints is a run's checkpoints folder; give the run directory "
+                                          rf"{tmp_path}, or one checkpoint in it$"):
+        rd.find_checkpoint(rd.checkpoints_dir(tmp_path))
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "multirun.yaml").write_text("hydra: {}\n")
+    with pytest.raises(rd.RunError, match=r"sweep is a sweep's folder \(multirun.yaml\); give one of its runs' "
+                                          r"directories, e.g. .*sweep/0$"):
+        rd.find_checkpoint(tmp_path / "sweep")
 
 
 def test_our_warnings_print_as_one_line_and_the_libraries_keep_their_form(tmp_path, monkeypatch):

@@ -394,9 +394,15 @@ def find_checkpoint(path: Path) -> Path:
     if not path.is_dir():
         raise RunError(f"no such run directory or checkpoint: {path}")
     found = newest_checkpoint(path)
-    if found is None:
-        raise RunError(f"run directory {path} has no checkpoints/*.ckpt; was the run finished?")
-    return found
+    if found is not None:
+        return found
+    if path.name == CHECKPOINTS and (path.parent / CONFIG).is_file():
+        raise RunError(f"{path} is a run's checkpoints folder; give the run directory {path.parent}, or one "
+                       "checkpoint in it")
+    if not (path / CONFIG).is_file() and (path / "multirun.yaml").is_file():
+        raise RunError(f"{path} is a sweep's folder (multirun.yaml); give one of its runs' directories, e.g. "
+                       f"{path / '0'}")
+    raise RunError(f"run directory {path} has no checkpoints/*.ckpt; was the run finished?")
 
 
 def checkpoint_meta(config: dict | None, skipped_steps: int) -> dict:

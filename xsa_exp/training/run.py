@@ -221,6 +221,7 @@ def previous_attempt(cfg: DictConfig, run_dir: Path) -> tuple[bool, str | None]:
     check_same_config(run_dir, cfg)
     rd.read_run_info(run_dir)  # a damaged run.json stops the run now, not when it is updated at the end
     if rd.read_status(run_dir).get("status") == "completed":
+        check_final_checkpoint(run_dir)
         return True, None
     checkpoint = rd.newest_checkpoint(run_dir)
     if checkpoint is not None:
@@ -229,6 +230,18 @@ def previous_attempt(cfg: DictConfig, run_dir: Path) -> tuple[bool, str | None]:
             raise RunError(f"{run_dir / rd.METRICS} is missing, so the run's rows up to {checkpoint.name} cannot be "
                            "kept; restore it from a copy, or train the run again in a new hydra.run.dir")
     return False, checkpoint
+
+
+def check_final_checkpoint(run_dir: Path) -> None:
+    """A completed run left alone by resume=auto still has the checkpoint its results come from: one lost or damaged
+    since (a failing disk, a copy cut short) is said now, not when the run is next evaluated."""
+    final = rd.final_checkpoint(run_dir)
+    try:
+        torch.load(final, map_location="cpu", weights_only=False, mmap=True)
+        rd.check_crcs(final)
+    except Exception as e:  # missing, truncated, corrupt: any load error
+        raise RunError(f"run {run_dir} is complete, but its {final.name} does not load ({type(e).__name__}); restore "
+                       "it from a copy, or train the run again in a new hydra.run.dir") from None
 
 
 def describe_run(cfg: DictConfig, run_dir: Path, model: GPT, max_steps: int, base: LoadedRun | None,
