@@ -699,6 +699,12 @@ def test_cli(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no run directories") and len(err.strip().splitlines()) == 1
+    # Nothing complete to report (every job failed): the report lists the failures, and the console says so.
+    make_run(tmp_path / "failed", "0", complete=False)
+    command = [sys.executable, "-m", "xsa_exp.report", str(tmp_path / "failed"), "--out", str(tmp_path / "out2")]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == (f"warning: no complete run under {tmp_path / 'failed'}: the report "
+                                                    "lists only the 1 missing, failed or unreadable\n"), done.stderr
 
 
 def test_attention_diagnostics_are_tabulated_per_layer_as_the_mean_over_seeds(tmp_path):

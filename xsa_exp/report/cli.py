@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import warnings
 from pathlib import Path
 
-from xsa_exp.errors import exit_on_user_error
+from xsa_exp.console import set_up_console
+from xsa_exp.errors import XsaExpWarning, exit_on_user_error
 from xsa_exp.report import compare as cmp
 from xsa_exp.report import plots, render, seed_rule, summary
 from xsa_exp.report.runs import (
@@ -44,6 +46,9 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
         raise ReportError(f"--baseline-alpha {baseline_alpha:g} is not an α of XSA; give one in [0, 1]")
     loaded, problems = load_runs(paths)
     runs = [run for run in loaded if run.complete]
+    if not runs:
+        warnings.warn(f"no complete run under {', '.join(map(str, paths))}: the report lists only the "
+                      f"{len(problems)} missing, failed or unreadable", XsaExpWarning, stacklevel=2)
     alphas = sorted({run.arm.alpha for run in runs if run.arm.alpha is not None})
     if baseline_alpha != 0 and baseline_alpha not in alphas:  # α = 0: the no-XSA arms too, by layers=none
         raise ReportError(f"--baseline-alpha {baseline_alpha:g}: no complete run has that α (the runs' fixed α: "
@@ -202,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
                     if value is not None}
     if rule_options and not args.seed_rule:
         parser.error("--sd, --stages, --max-half-width, --simulations and --seed go with --seed-rule")
+    set_up_console()
     with exit_on_user_error():
         if args.seed_rule:
             print(seed_rule.describe(**rule_options))
