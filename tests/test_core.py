@@ -333,6 +333,12 @@ def test_missing_bundle_and_files(tmp_path, tiny_bundle):
     write_bundle(tiny_bundle, TINY_TASKS, {"mc": 25, "sch": 50, "absent": 25})
     with pytest.raises(BundleError, match="'lm' .* has no row in"):
         core.load_task_specs(tiny_bundle)
+    write_bundle(tiny_bundle, TINY_TASKS, {"mc": 25, "sch": 50, "lm": 25})
+    for damage in (b"icl_tasks:\n\t- label: mc\n", b"\xff\xfe"):  # a tab YAML refuses; bytes that are not UTF-8
+        (tiny_bundle / "core.yaml").write_bytes(damage)
+        with pytest.raises(BundleError, match=r"core.yaml is not readable YAML \((ScannerError|UnicodeDecodeError): "
+                                              r".*\); restore it from the public bundle$"):
+            core.load_task_specs(tiny_bundle)
     (tiny_bundle / "core.yaml").unlink()
     with pytest.raises(BundleError, match="core.yaml is missing"):
         core.load_task_specs(tiny_bundle)

@@ -116,6 +116,16 @@ def test_a_checkpoint_whose_bytes_fail_their_crc_is_skipped_and_refused(tmp_path
         rd.load_trained(flipped)
 
 
+def test_the_precision_a_run_trained_in_comes_from_run_json_or_is_asked_for(tmp_path):
+    assert rd.trained_precision(tmp_path) == "32-true"  # a run from before run.json recorded it
+    (tmp_path / rd.RUN).write_text('{"seed": 1}')  # valid JSON without it: edited by hand
+    with pytest.raises(rd.RunError, match=r"run.json records no precision; give the evaluation's with "
+                                          r"eval.precision=...$"):
+        rd.trained_precision(tmp_path)
+    (tmp_path / rd.RUN).write_text('{"precision": "bf16-mixed"}')
+    assert rd.trained_precision(tmp_path) == "bf16-mixed"
+
+
 def test_status_and_run_info_round_trip(tmp_path):
     assert rd.read_status(tmp_path) == {}
     rd.write_status(tmp_path, "failed", 7, "FloatingPointError: x")

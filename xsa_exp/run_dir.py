@@ -222,7 +222,11 @@ def update_run_info(run_dir: Path, **entries) -> None:
 
 def trained_precision(run_dir: Path) -> str:
     """The precision the run trained with (run.json; 32-true for a run without one)."""
-    return read_run_info(run_dir)["precision"] if (Path(run_dir) / RUN).is_file() else "32-true"
+    if not (Path(run_dir) / RUN).is_file():
+        return "32-true"
+    if (precision := read_run_info(run_dir).get("precision")) is None:
+        raise RunError(f"{Path(run_dir) / RUN} records no precision; give the evaluation's with eval.precision=...")
+    return precision
 
 
 def write_status(run_dir: Path, status: str, step: int, error: str | None = None) -> None:

@@ -115,8 +115,13 @@ def load_task_specs(bundle_dir: str | os.PathLike) -> list[TaskSpec]:
         raise BundleError(f"{meta_path}: a 'Random baseline' is not a number ({e}); "
                           "restore it from the public bundle") from e
 
-    with open(config_path, encoding="utf-8") as f:
-        config = yaml.safe_load(f)
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = yaml.safe_load(f)
+    except (yaml.YAMLError, ValueError) as e:  # ValueError: not UTF-8
+        reason = " ".join(str(e).split())[:160]
+        raise BundleError(f"{config_path} is not readable YAML ({type(e).__name__}: {reason}); restore it from the "
+                          "public bundle") from None
     if not isinstance(config, dict) or not isinstance(config.get("icl_tasks"), list):
         raise BundleError(f"{config_path} has no 'icl_tasks' list; restore it from the public bundle")
     specs = []
