@@ -30,5 +30,9 @@ def test_the_simulation_is_deterministic_given_its_seed(capsys):
     out = capsys.readouterr().out
     assert "5,000 simulated cells per SD, numpy seed 7" in out and "Rule: 3, then 5 seeds" in out
     assert "| SD of Δ | fixed 5 seeds | the rule | seeds used (mean) |" in out
-    with pytest.raises(ReportError):
-        simulate(stages=(5, 5))
+    for kwargs, message in [({"stages": (5, 5)}, r"--stages 5 5: give increasing seed counts from 2 up, e.g. 5 10"),
+                            ({"sds": (0.002, float("nan"))}, r"--sd 0.002 nan: every per-seed SD must be a positive"),
+                            ({"simulations": 0}, r"--simulations 0: give at least 1"),
+                            ({"max_half_width": -1.0}, r"--max-half-width -1: give a positive number")]:
+        with pytest.raises(ReportError, match=f"^{message}"):
+            simulate(**kwargs)

@@ -58,8 +58,14 @@ def simulate(sds=SDS, stages=STAGES, max_half_width: float = MAX_HALF_WIDTH, sim
              seed: int = SEED) -> list[RuleError]:
     """The type-I error of "the 95% interval excludes zero" at each per-seed SD, over `simulations` null cells."""
     stages = tuple(stages)
-    if stages[0] < 2 or any(a >= b for a, b in zip(stages, stages[1:])) or simulations < 1 or min(sds) <= 0:
-        raise ReportError("stages: increasing seed counts from 2 up; simulations and SDs: positive")
+    if stages[0] < 2 or any(a >= b for a, b in zip(stages, stages[1:])):
+        raise ReportError(f"--stages {' '.join(map(str, stages))}: give increasing seed counts from 2 up, e.g. 5 10")
+    if not all(sd > 0 for sd in sds):  # NaN too
+        raise ReportError(f"--sd {' '.join(f'{sd:g}' for sd in sds)}: every per-seed SD must be a positive number")
+    if simulations < 1:
+        raise ReportError(f"--simulations {simulations}: give at least 1")
+    if not max_half_width > 0:
+        raise ReportError(f"--max-half-width {max_half_width:g}: give a positive number")
     # The same standard normal draws at every SD (common random numbers): the fixed design's rate, which no scale
     # changes, is then the same number in every row, and the rows differ by the rule alone.
     z = np.random.default_rng(seed).standard_normal((simulations, stages[-1]))
