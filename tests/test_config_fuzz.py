@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import typing
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ def bases(tmp_path, monkeypatch):
         (corpus / name).write_text('{"text": "In the beginning."}\n')
     base_run = tmp_path / "base"
     (base_run / "checkpoints").mkdir(parents=True)
-    (base_run / "checkpoints" / "final.ckpt").touch()
+    zipfile.ZipFile(base_run / "checkpoints" / "final.ckpt", "w").close()  # a checkpoint is a zip
     (base_run / "config.yaml").write_text(OmegaConf.to_yaml(compose_config(), resolve=True))
     sft = [f"data.train_sources.{name}.data_files={FIXTURES / f'{name}_train.jsonl'}"
            for name in ("smoltalk", "mmlu_auxiliary", "gsm8k")]

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -148,7 +149,7 @@ def test_a_malformed_line_of_chat_data_is_named_as_an_editor_numbers_it(tmp_path
 def unreadable_run(run_dir, config_text):
     """A finished run's files, its config.yaml replaced by config_text."""
     (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "checkpoints" / "final.ckpt").touch()
+    zipfile.ZipFile(run_dir / "checkpoints" / "final.ckpt", "w").close()  # a checkpoint is a zip
     (run_dir / "config.yaml").write_text(config_text)
     return run_dir
 
@@ -195,6 +196,10 @@ def test_an_unreadable_final_checkpoint_of_the_base_run_is_refused_not_replaced_
     final = base / "checkpoints" / "final.ckpt"
     final.write_bytes(final.read_bytes()[:5000])  # cut short; step000002.ckpt still loads
     cfg = sft_cfg(base)
+    with pytest.raises(ConfigError, match=rf"^init_from={base}: its checkpoints/final.ckpt does not load "
+                                          r"\(BadZipFile: File is not a zip file\); restore it from a copy, or point "
+                                          "init_from at another completed base run$"):
+        validate(cfg)  # the preflight: before Hydra makes the SFT run's directory
     model = GPT(GPTConfig.of(typed(cfg.model, ModelConfig), typed(cfg.xsa, XSAConfig)))
     with pytest.raises(ConfigError, match=rf"init_from: checkpoint {final} is truncated, corrupt or unreadable"):
         load_base_run(cfg, model)

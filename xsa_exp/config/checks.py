@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import zipfile
 from pathlib import Path
 
 import yaml
@@ -193,6 +194,11 @@ def check_stage(cfg: DictConfig) -> None:
     if not rd.is_finished(base):
         raise ConfigError(f"init_from={cfg.init_from} is not a finished run (needs config.yaml and "
                           "checkpoints/final.ckpt); point it at a completed base run directory")
+    try:  # a zip's CRCs, without torch (its import is seconds a refused command line never pays)
+        rd.check_crcs(rd.final_checkpoint(base))
+    except (OSError, zipfile.BadZipFile) as e:
+        raise ConfigError(f"init_from={cfg.init_from}: its checkpoints/final.ckpt does not load ({type(e).__name__}: "
+                          f"{e}); restore it from a copy, or point init_from at another completed base run") from None
     try:
         base_cfg = OmegaConf.load(base / rd.CONFIG)
         problem = None if isinstance(base_cfg, DictConfig) and {"model", "xsa"} <= set(base_cfg) \
