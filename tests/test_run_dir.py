@@ -201,6 +201,8 @@ def test_eval_folders_never_reuse_one_and_are_read_oldest_first(tmp_path):
     for folder, step in ((first, 10), (again, 10), (earlier, 5)):
         rd.write_summary(folder, rd.eval_summary(run=tmp_path, checkpoint=folder.name, step=step, metrics={"x": 1.0}))
     (rd.new_eval_dir(tmp_path, "final.ckpt", 10) / rd.SUMMARY).write_text("{cut")
+    for edited in ('{"metrics": {"x": 1.0}}', '{"step": 10}', "[10]"):  # valid JSON, not a summary
+        (rd.new_eval_dir(tmp_path, "final.ckpt", 10) / rd.SUMMARY).write_text(edited)
     staging = tmp_path / rd.EVAL / ".writing-x"  # a killed evaluate.py's, before its rename
     staging.mkdir()
     rd.write_summary(staging, rd.eval_summary(run=tmp_path, checkpoint="final.ckpt", step=10, metrics={"x": 2.0}))

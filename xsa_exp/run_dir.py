@@ -562,8 +562,8 @@ def write_rows(path: Path, rows: list[dict] | dict) -> None:
 
 def evaluations(run_dir: Path) -> list[tuple[Path, dict]]:
     """(folder, summary.json) of the run's evaluations, oldest first: by checkpoint step, then time. A summary
-    that cannot be read, or one in a hidden folder (write_evaluation's staging, left by a killed evaluate.py), is
-    left out."""
+    that cannot be read or lacks its step or metrics, or one in a hidden folder (write_evaluation's staging, left by
+    a killed evaluate.py), is left out."""
     found = []
     for summary_path in (Path(run_dir) / EVAL).glob(f"*/{SUMMARY}"):
         if summary_path.parent.name.startswith("."):
@@ -571,6 +571,9 @@ def evaluations(run_dir: Path) -> list[tuple[Path, dict]]:
         try:
             summary = json.loads(summary_path.read_text())
         except (OSError, ValueError):
+            continue
+        if not (isinstance(summary, dict) and isinstance(summary.get("step"), int)
+                and isinstance(summary.get("metrics"), dict)):  # valid JSON, but not a summary: edited by hand
             continue
         folder = summary_path.parent
         stamp = EVAL_TIME.search(folder.name)
