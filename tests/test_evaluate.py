@@ -223,6 +223,18 @@ def test_truncated_and_mismatched_checkpoints(run_dir, tmp_path):
             load_trained(path)
 
 
+def test_a_damaged_run_json_stops_before_an_eval_folder_is_made(run_dir, tmp_path):
+    """run.json records the precision the evaluation uses unless eval.precision gives one."""
+    other = tmp_path / "run"
+    shutil.copytree(run_dir, other, ignore=shutil.ignore_patterns("eval"))
+    (other / "run.json").write_text('{"precis')
+    with pytest.raises(RunError, match=r"run.json is damaged .*; it records the precision the run trained in: restore "
+                                       r"it from a copy, or give the evaluation's with eval.precision=...$"):
+        evaluate(eval_cfg(other, "eval.metrics=[bpb]"))
+    assert not (other / "eval").exists()
+    assert evaluate(eval_cfg(other, "eval.metrics=[bpb]", "eval.precision=32-true")).is_dir()
+
+
 def test_evaluate_py_command(run_dir, tmp_path):
     # from a folder where nothing can be made (/proc): the results go into the run, nothing into the current folder
     ok = subprocess.run([sys.executable, REPO / "evaluate.py", f"run={run_dir}", "eval.metrics=[bpb]"], cwd="/proc",

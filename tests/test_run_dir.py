@@ -122,6 +122,11 @@ def test_the_precision_a_run_trained_in_comes_from_run_json_or_is_asked_for(tmp_
     with pytest.raises(rd.RunError, match=r"run.json records no precision; give the evaluation's with "
                                           r"eval.precision=...$"):
         rd.trained_precision(tmp_path)
+    (tmp_path / rd.RUN).write_text('{"precis')  # a lost write
+    with pytest.raises(rd.RunError, match=r"run.json is damaged \(JSONDecodeError: .*\); it records the precision the "
+                                          r"run trained in: restore it from a copy, or give the evaluation's with "
+                                          r"eval.precision=...$"):
+        rd.trained_precision(tmp_path)
     (tmp_path / rd.RUN).write_text('{"precision": "bf16-mixed"}')
     assert rd.trained_precision(tmp_path) == "bf16-mixed"
 

@@ -49,13 +49,13 @@ def evaluate(cfg: DictConfig) -> Path | None:
     if device.type == "cpu":
         keep_freed_host_memory()
     run = load_trained(settings.run)
+    precision = options.precision or trained_precision(run.run_dir)
     rd.check_eval_writable(run.run_dir)  # before the work whose results it keeps
     # ChatCORE reads some of its tasks from the bundle too, but runs (with those listed as missing) without it.
     bundle = require_bundle(options.bundle_dir, "CORE", "drop core from eval.metrics") if "core" in metrics \
         else resolve_bundle_dir(options.bundle_dir)
     say = print if rank == 0 else lambda *args, **kwargs: None
     model = run.model.to(device)
-    precision = options.precision or trained_precision(run.run_dir)
     prepare(model, precision)
     autocast = forward_context(precision, device)
     summary = eval_summary(run=run.run_dir, checkpoint=run.checkpoint, step=run.step, precision=precision, metrics={})

@@ -224,7 +224,9 @@ def trained_precision(run_dir: Path) -> str:
     """The precision the run trained with (run.json; 32-true for a run without one)."""
     if not (Path(run_dir) / RUN).is_file():
         return "32-true"
-    if (precision := read_run_info(run_dir).get("precision")) is None:
+    info = read_run_file(Path(run_dir) / RUN, json.loads, "it records the precision the run trained in: restore it "
+                         "from a copy, or give the evaluation's with eval.precision=...")
+    if (precision := info.get("precision")) is None:
         raise RunError(f"{Path(run_dir) / RUN} records no precision; give the evaluation's with eval.precision=...")
     return precision
 
