@@ -163,7 +163,12 @@ def test_a_results_folder_that_cannot_be_written_stops_before_the_work(run_dir, 
     shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("eval"))
     (run / "eval").write_text("")  # a file where the results folder goes
     monkeypatch.setattr("xsa_exp.evaluate_run.evaluate_bpb", lambda *args: pytest.fail("evaluated anyway"))
-    with pytest.raises(RunError, match=rf"^cannot write into {re.escape(str(run / 'eval'))} \(File exists\), where "
+    with pytest.raises(RunError, match=rf"^{re.escape(str(run / 'eval'))} is a file, where evaluate.py keeps its "
+                                       r"results in a folder; move it away, or evaluate a copy of the run$"):
+        evaluate(eval_cfg(run, "eval.metrics=[bpb]"))
+    (run / "eval").unlink()  # a folder that takes no file: full, read-only, not permitted (root writes anyway)
+    monkeypatch.setattr("tempfile.TemporaryFile", lambda **kw: (_ for _ in ()).throw(OSError(28, "No space left")))
+    with pytest.raises(RunError, match=rf"^cannot write into {re.escape(str(run / 'eval'))} \(No space left\), where "
                                        r"evaluate.py keeps its results; make it writable or free space there, or "
                                        r"evaluate a copy of the run$"):
         evaluate(eval_cfg(run, "eval.metrics=[bpb]"))

@@ -524,6 +524,9 @@ def write_summary(folder: Path, summary: dict) -> None:
 def check_eval_writable(run_dir: Path) -> None:
     """Before an evaluation's work: its results go into <run>/eval/, which must take a file."""
     folder = Path(run_dir) / EVAL
+    if folder.exists() and not folder.is_dir():
+        raise RunError(f"{folder} is a file, where evaluate.py keeps its results in a folder; move it away, or "
+                       "evaluate a copy of the run")
     try:
         folder.mkdir(exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()

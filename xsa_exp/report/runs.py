@@ -170,7 +170,7 @@ def load_run(path: Path, label: str) -> Run:
     except rd.RunError as e:  # run.json or status.json missing or damaged
         raise RunProblem(f"unreadable: {e}") from None
     except (OSError, ValueError, yaml.YAMLError) as e:  # pandas' parser errors are ValueErrors
-        raise RunProblem(f"unreadable: {type(e).__name__}: {e}") from None
+        raise RunProblem(f"unreadable: {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
     except KeyError as e:
         raise RunProblem(f"run.json lacks {e}") from None
     if "step" not in raw:
