@@ -71,8 +71,8 @@ class PeriodicCheckpoint(ModelCheckpoint):
 class RunTokenizer(L.Callback):
     """The run's tokenizer copied into it before its first update, so that each of its checkpoints can be loaded,
     evaluated and generated from (xsa_exp/run_dir.py, load_trained) while it trains, or after it was interrupted or
-    failed, and after the tokenizer cache is cleared. Again on every attempt: a kill during the copy leaves no
-    partial folder behind for good."""
+    failed, and after the tokenizer cache is cleared. Copied on every attempt, so that a copy a kill cut short is
+    made whole by the next."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
