@@ -16,6 +16,7 @@ from tests.conftest import REPO, SMALL, compose_config
 from tests.test_core import REAL_BUNDLE as BUNDLE
 from xsa_exp.config.checks import validate
 from xsa_exp.config.schema import ModelConfig, XSAConfig, data_settings, typed
+from xsa_exp.console import set_up_console
 from xsa_exp.data.chat import render_conversation
 from xsa_exp.data.conversations import gsm8k_conversation, mmlu_conversation
 from xsa_exp.data.packing import inputs_and_targets
@@ -111,8 +112,10 @@ def test_hub_sources_offline_name_the_local_fix(base_run, monkeypatch):
         load_conversations(data_settings(cfg.data), "train_sources")
 
 
-def test_a_local_file_datasets_cannot_read_names_it_and_no_connection(tmp_path):
-    """A corrupt parquet file given in data_files: the fix is the file, not the network."""
+def test_a_local_file_datasets_cannot_read_names_it_and_no_connection(tmp_path, capfd):
+    """A corrupt parquet file given in data_files: the fix is the file, not the network, in one line (datasets' own
+    line about it, logged before it raises, is silenced as the console is set up)."""
+    set_up_console()
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1 not a parquet file PAR1")
     data = data_settings(compose_config(*SMALL, "stage=sft", "init_from=x", *SFT_DATA,
@@ -120,6 +123,7 @@ def test_a_local_file_datasets_cannot_read_names_it_and_no_connection(tmp_path):
     with pytest.raises(DataError, match=rf"^cannot load {re.escape(str(bad))} \(.*\); replace them with readable "
                                         r"copies, or leave them out of data.train_sources.smoltalk.data_files$"):
         load_conversations(data, "train_sources")
+    assert "Failed to read" not in capfd.readouterr().err
 
 
 def test_rows_that_do_not_fit_the_format_are_one_clear_error(tmp_path):

@@ -6,7 +6,8 @@ raised it); Lightning formats its own the same way, and other libraries' keep th
 Quiet by default: Lightning's hardware lines, tips and "fit stopped"/"weights_only" notes; wandb's banner
 and its "anonymous setting" warning (an offline run still says where its log is); the torch pytree
 deprecation warning Lightning triggers; datasets' progress bars ("Generating train split"), and the line its JSON
-reader logs before raising a parse error (which we report, naming the line). Warnings and errors of our own, and every
+reader logs before raising a parse error (which we report, naming the line), and the parquet reader's line about
+a file it cannot read (which we report too). Warnings and errors of our own, and every
 error a library raises, still show.
 """
 
@@ -66,8 +67,10 @@ def set_up_console() -> None:
         if not any(isinstance(f, DropNoise) for f in logger.filters):
             logger.addFilter(DropNoise())
     # datasets' JSON reader logs a parse error before raising it, as a row counted from 0 within a 10 MB chunk;
-    # the error we report names the line (data/sources.py, first_bad_line).
+    # the error we report names the line (data/sources.py, first_bad_line). Its parquet reader logs a file it cannot
+    # read before raising, which our one line names too (data/sft.py).
     logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
+    logging.getLogger("datasets.packaged_modules.parquet.parquet").setLevel(logging.CRITICAL)
 
 
 def wandb_offline() -> bool:
