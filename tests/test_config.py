@@ -162,6 +162,15 @@ def test_the_ranks_of_torchrun_or_srun_must_be_given_one_folder(launcher, monkey
     with pytest.raises(SystemExit) as stopped:  # the preflight callback runs it
         Preflight("train").on_run_start(compose_base("train", ["seed=1"])[0])
     assert stopped.value.code == 2 and capsys.readouterr().err.startswith("config error: this is one of")
+    monkeypatch.setenv({"torchrun": "LOCAL_RANK", "srun": "SLURM_LOCALID"}[launcher], "1")
+    with pytest.raises(SystemExit) as stopped:  # the node's other processes: the same status, the line once
+        Preflight("train").on_run_start(compose_base("train", ["seed=1"])[0])
+    assert stopped.value.code == 2 and capsys.readouterr().err == ""
+    for rank, line in (("0", "config error: model.qk_norm=flase"), ("1", "")):  # a composition error, the same way
+        env = {**os.environ, "LOCAL_RANK": rank, "SLURM_LOCALID": rank}
+        refused = subprocess.run([sys.executable, "train.py", "model.qk_norm=flase"], cwd=REPO, env=env,
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and refused.stderr.startswith(line) and (line or not refused.stderr)
     monkeypatch.setenv("WORLD_SIZE", "1")  # a one-process torchrun, or salloc's shell: no other process
     monkeypatch.setenv("SLURM_JOB_NAME", "interactive")
     check_launch_shares_a_folder(compose_base("train", ["seed=1"])[0], "hydra.run.dir")

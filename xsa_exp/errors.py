@@ -63,12 +63,14 @@ def one_line_per_job(in_sweep: bool) -> Iterator[None]:
 
 
 @contextmanager
-def exit_on_user_error(label: str | None = None) -> Iterator[None]:
+def exit_on_user_error(label: str | None = None, say: bool = True) -> Iterator[None]:
     """A UserError becomes one line on stderr, `<label>: <message>`, and exit status 2. The label is the
     error's own ("error", "config error" for a ConfigError) unless given: the checks of a command line
-    before it runs report every problem as a config error."""
+    before it runs report every problem as a config error. say=False: the exit status only (another process
+    prints the same line)."""
     try:
         yield
     except UserError as e:
-        print(f"{label or e.label}: {e}", file=sys.stderr)
+        if say:
+            print(f"{label or e.label}: {e}", file=sys.stderr)
         sys.exit(EXIT_STATUS)

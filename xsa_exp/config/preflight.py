@@ -74,7 +74,7 @@ class Preflight(Callback):
 def stop_on_error() -> Iterator[None]:
     """Hydra turns a callback's Exception into a warning and runs on unchecked; a problem found is one line and exit
     status 2 (exit_on_user_error), a failing check its traceback and exit status 1 (SystemExit passes Hydra)."""
-    with exit_on_user_error(label=ConfigError.label):
+    with exit_on_user_error(label=ConfigError.label, say=speaks_for_its_node()):
         try:
             yield
         except UserError:
@@ -158,6 +158,17 @@ def external_launch() -> Launch | None:
         return Launch("srun" if "SLURM_STEP_ID" in os.environ else "SLURM", int(os.environ["SLURM_NTASKS"]),
                       int(os.environ.get("SLURM_NNODES", "1")))
     return None
+
+
+def speaks_for_its_node() -> bool:
+    """Whether this process prints a refused command line: the processes torchrun or srun starts on one node check
+    the same command line against the same files, so its local rank 0 prints the line for them all (each node's:
+    a problem of one node's files is still said); the others exit with the same status in silence."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return os.environ.get("LOCAL_RANK", "0") == "0"
+    if "SLURM_STEP_ID" in os.environ and "SLURM_NTASKS" in os.environ:
+        return os.environ.get("SLURM_LOCALID", "0") == "0"
+    return True
 
 
 def check_launch_shares_a_folder(cfg: DictConfig, key: str) -> None:
@@ -263,7 +274,7 @@ def run_app(main: Callable[[], None], config_name: str) -> None:
               file=sys.stderr)
         sys.exit(EXIT_STATUS)
     except (HydraException, OmegaConfBaseException) as e:
-        with exit_on_user_error(label=ConfigError.label):
+        with exit_on_user_error(label=ConfigError.label, say=speaks_for_its_node()):
             if isinstance(e, InterpolationKeyError) and prints_hydra_node_resolved(sys.argv[1:]):
                 raise ConfigError(f"--cfg hydra --resolve: {first_line(e)}: Hydra resolves its node alone, without "
                                   "the run's keys that hydra.run.dir and hydra.sweep.dir name; print it resolved with "
