@@ -361,14 +361,12 @@ def checkpoints_newest_first(run_dir: Path) -> list[Path]:
 def newest_checkpoint(run_dir: Path) -> Path | None:
     """The newest checkpoint that loads (see checkpoints_newest_first); an unreadable newer one is skipped with a
     warning. None where the run has none; RunError where it has some and none loads."""
-    import torch
 
     candidates = checkpoints_newest_first(run_dir)
     skipped = []
     for path in candidates:
         try:
-            torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-            check_crcs(path)
+            check_loads(path)
         except Exception as e:  # truncated or corrupt: any load error means "not this one"
             skipped.append(f"{path} ({type(e).__name__})")
             continue
@@ -381,6 +379,14 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
         raise RunError(f"run directory {run_dir} has no checkpoint that loads ({names}: truncated, corrupt or "
                        "unreadable); restore its checkpoints from a copy, or train the run again in a new directory")
     return None
+
+
+def check_loads(path: Path) -> None:
+    """Any exception where the checkpoint does not load whole: torch.load's (mapped, so cheap), then its CRCs."""
+    import torch
+
+    torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    check_crcs(path)
 
 
 def check_crcs(path: Path) -> None:

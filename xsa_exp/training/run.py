@@ -237,8 +237,7 @@ def check_final_checkpoint(run_dir: Path) -> None:
     since (a failing disk, a copy cut short) is said now, not when the run is next evaluated."""
     final = rd.final_checkpoint(run_dir)
     try:
-        torch.load(final, map_location="cpu", weights_only=False, mmap=True)
-        rd.check_crcs(final)
+        rd.check_loads(final)
     except Exception as e:  # missing, truncated, corrupt: any load error
         raise RunError(f"run {run_dir} is complete, but its {final.name} does not load ({type(e).__name__}); restore "
                        "it from a copy, or train the run again in a new hydra.run.dir") from None
