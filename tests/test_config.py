@@ -134,6 +134,20 @@ def test_printing_hydras_node_resolved_names_the_command_that_does():
     assert printed.returncode == 0 and printed.stdout.startswith("# @package hydra.run\ndir: runs/"), printed.stderr
 
 
+@pytest.mark.parametrize("entry", ["train", "evaluate"])
+def test_help_says_what_the_entry_point_does_and_lists_only_its_groups(entry):
+    """--help opens with the command's use and where every key is documented; train.py's group list names the two
+    entries that are not choices of their own, and evaluate.py, which takes a run's own model config, lists none."""
+    result = subprocess.run([sys.executable, f"{entry}.py", "--help"], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"python {entry}.py ") and "docs/configuration.md" in result.stdout
+    assert ("depth: d12, d24" in result.stdout) == (entry == "train")
+    if entry == "train":
+        assert "experiment=study_base is the setting" in result.stdout and "not schema/data" in result.stdout
+    assert result.stdout.rstrip().endswith(f"python {entry}.py --hydra-help")
+
+
 LAUNCHES = {"torchrun": {"TORCHELASTIC_RUN_ID": "a1", "WORLD_SIZE": "8"}, "srun": {"SLURM_STEP_ID": "0",
                                                                                     "SLURM_NTASKS": "4"}}
 
