@@ -203,8 +203,8 @@ def test_holm_on_the_textbook_example():
 
 
 def core_folders(tmp_path: Path, arm: dict[str, list[bool]], base: dict[str, list[bool]], baselines: dict[str, float]):
-    return [(make_eval(tmp_path / "arm", 10, {}, arm, baselines),
-             make_eval(tmp_path / "base", 10, {}, base, baselines))]
+    return [([make_eval(tmp_path / "arm", 10, {}, arm, baselines)],
+             [make_eval(tmp_path / "base", 10, {}, base, baselines)])]
 
 
 def test_bootstrap_finds_a_clear_difference(tmp_path):
@@ -362,6 +362,24 @@ def test_reruns_of_a_seed_count_once_and_are_listed(tmp_path):
     top = tmp_path.name  # runs are named from just above the folders given
     assert listed[:2] == [f"- d12, {XSA}, seed 1: `{top}/copy/xsa1`, `{top}/main/xsa1`: val/bpb equal to the last bit",
                           f"- d12, {XSA}, seed 2: `{top}/copy/xsa2`, `{top}/main/xsa2`: val/bpb differing"]
+
+
+def test_the_bootstrap_averages_a_seeds_reruns_as_the_paired_difference_does(tmp_path):
+    """A seed run twice (another sweep) counts once in both of CORE's paired differences: its reruns' answers are
+    averaged per example, as their CORE is in the paired Δ, so the two estimates agree."""
+    def core(correct):
+        return (np.mean(correct) - 0.1) / 0.9
+    runs = [("main", "base1", 0.0, 1, 5), ("main", "xsa1", 1.0, 1, 6), ("main", "base2", 0.0, 2, 5),
+            ("main", "xsa2", 1.0, 2, 6), ("again", "xsa1", 1.0, 1, 9)]  # seed 1's rerun answers 9 of 10
+    for sweep, name, alpha, seed, right in runs:
+        answers = {"T": [True] * right + [False] * (10 - right)}
+        make_run(tmp_path / sweep, name, alpha=alpha, seed=seed,
+                 evals=({"metrics": {"val/bpb": 0.9, "CORE 18/22": core(answers["T"])}, "answers": answers,
+                         "baselines": {"T": 10.0}},))
+    got = numbers(build_report([tmp_path / "main", tmp_path / "again"], tmp_path / "out"))
+    paired = ((0.75 - 0.5) + (0.6 - 0.5)) / 2 / 0.9  # seed 1: (6 + 9) / 2 of 10 right against 5; seed 2: 6 against 5
+    assert got[XSA, "CORE 18/22", "paired_delta"] == pytest.approx(paired)
+    assert got[XSA, "CORE 18/22", "bootstrap_delta"] == pytest.approx(paired)
 
 
 def test_reruns_of_a_seed_count_once_in_the_diagnostics_and_the_curves(tmp_path):

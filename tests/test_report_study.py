@@ -240,17 +240,19 @@ def test_scale_trend_rows_and_plot(tmp_path):
 
 
 def test_runs_trained_otherwise_are_never_pooled_into_one_arm(tmp_path):
-    """Keys that change what a run computes split its depth: clipping, the width lr scaling, XSA's eps, the tokenizer's
-    sample, the validation files and shard, the data order, compilation, nanochat's transfer (its lr factor; a run
-    from before optim.transfer reads as null), and the key that set the run's length (here train.epochs; SFT's epoch
-    of rows left after dropping the untrained ones differs by a step between seeds, which must not split them)."""
+    """Keys that change what a run computes split its depth: clipping, the updates it may skip, the width lr scaling,
+    XSA's eps, the tokenizer's sample, the validation files and shard, the data order, compilation, nanochat's
+    transfer (its lr factor; a run from before optim.transfer reads as null), and the key that set the run's length
+    (here train.epochs; SFT's epoch of rows left after dropping the untrained ones differs by a step between seeds,
+    which must not split them)."""
     study = tmp_path / "study"
     others = {"train:\n  grad_clip: 1.0\n": "grad_clip=1.0", "optim:\n  width_lr_scaling: false\n":
               "width_lr_scaling=False", "  eps: 0.001\n": "eps=0.001", "train:\n  compile: true\n":
               "compile=True", "data:\n  tokenizer_chars: 1000\n": "tokenizer_chars=1000",
               "optim:\n  transfer:\n    lr_factor: 1.5\n": "lr_factor=1.5", "data:\n  val_path: /data/v.jsonl\n":
               "val_path=/data/v.jsonl", "data:\n  num_shards: 100\n": "num_shards=100",  # another validation shard
-              "data:\n  shuffle_rows: 64\n": "shuffle_rows=64", "data:\n  num_workers: 2\n": "num_workers=2"}
+              "data:\n  shuffle_rows: 64\n": "shuffle_rows=64", "data:\n  num_workers: 2\n": "num_workers=2",
+              "train:\n  skip_nonfinite_steps: 3\n": "skip_nonfinite_steps=3"}
     for seed in (1, 2):
         make_run(study, f"b{seed}", seed=seed, final_bpb=0.9)
         make_run(study, f"x{seed}", alpha=1.0, seed=seed, final_bpb=0.91)

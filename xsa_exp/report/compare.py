@@ -164,13 +164,14 @@ def find_baseline(result: ArmResult, results: list[ArmResult]) -> ArmResult | No
     return (same or candidates or [None])[0]
 
 
-def eval_pairs(runs: list[Run], baseline: list[Run], metric: str) -> list[tuple[Path, Path]]:
-    """(arm, baseline) eval folders that produced `metric`, one pair per shared seed (first run of a seed)."""
+def eval_pairs(runs: list[Run], baseline: list[Run], metric: str) -> list[tuple[list[Path], list[Path]]]:
+    """(arm, baseline) eval folders that produced `metric`, per shared seed: all of a seed's reruns, which
+    bootstrap_examples averages as the paired Δ averages their metrics."""
     def folders(group):
-        out = {}
+        out = defaultdict(list)
         for run in group:
             if isinstance(run.sources.get(metric), Path):
-                out.setdefault(run.seed, run.sources[metric])
+                out[run.seed].append(run.sources[metric])
         return out
 
     arm, base = folders(runs), folders(baseline)

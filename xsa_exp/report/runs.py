@@ -33,18 +33,19 @@ class RunProblem(Exception):
 
 # Config keys whose values, where they differ between runs of one depth, make those runs different settings (e.g.
 # "tiny · sequence_len=512"), compared and trended apart: the stack, the model's shape and switches, the optimizer's
-# hyperparameters, the training length (by the key that set it: see load_run), batch and clipping, the corpus and
-# its files, shards, order and tokenizer, the precision, Newton-Schulz dtype and compilation (each moves the last
-# bits), and what the final val/bpb covers (VAL_SCOPE). The arm's keys (xsa.* but its eps, the optimizer) and the seed
-# are not settings, nor is a key that only the optimizer arm changes (optim=adamw's matrix lr).
+# hyperparameters, the training length (by the key that set it: see load_run), batch, clipping and the non-finite
+# updates a run may skip, the corpus and its files, shards, order and tokenizer, the precision, Newton-Schulz dtype
+# and compilation (each moves the last bits), and what the final val/bpb covers (VAL_SCOPE). The arm's keys (xsa.*
+# but its eps, the optimizer) and the seed are not settings, nor is a key that only the optimizer arm changes
+# (optim=adamw's matrix lr).
 LENGTH_KEYS = ("train.max_steps", "train.target_tokens", "train.epochs", "train.param_data_ratio")
 VAL_SCOPE = "val_scope"  # a bpb over other tokens is another measurement: runs that differ in it are never paired
 SETTING_KEYS = ("stack_name", "model.", "xsa.eps", "optim.width_lr_scaling", "optim.muon.", "optim.lr.",
                 "optim.adamw.", "optim.schedule.", "optim.transfer.", *LENGTH_KEYS, "train.total_batch_tokens",
-                "train.grad_clip", "train.compile", "data.name", "data.repo", "data.num_shards",
-                "data.num_train_shards", "data.path", "data.val_path", "data.text_column", "data.txt_sample_by",
-                "data.tokenizer_chars", "data.tokenizer_doc_chars", "data.packing", "data.shuffle_rows",
-                "data.num_workers", "trainer.precision", VAL_SCOPE)
+                "train.grad_clip", "train.skip_nonfinite_steps", "train.compile", "data.name", "data.repo",
+                "data.num_shards", "data.num_train_shards", "data.path", "data.val_path", "data.text_column",
+                "data.txt_sample_by", "data.tokenizer_chars", "data.tokenizer_doc_chars", "data.packing",
+                "data.shuffle_rows", "data.num_workers", "trainer.precision", VAL_SCOPE)
 
 
 @dataclass

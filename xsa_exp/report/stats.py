@@ -225,26 +225,38 @@ def aggregate_of(metric: str) -> str | None:
     return None if match is None else ("ChatCORE" if match.group(1) else "CORE")
 
 
-def example_answers(folder: Path, aggregate: str) -> tuple[dict[tuple[str, int], bool], dict[str, float]] | None:
-    """(task, index) -> correct from the evaluation's examples file, and task -> baseline (fraction)."""
+def example_answers(folder: Path, aggregate: str) -> tuple[dict[tuple[str, int], float], dict[str, float]] | None:
+    """(task, index) -> correct (0 or 1) from the evaluation's examples file, and task -> baseline (fraction)."""
     examples, tasks, task_column, baseline = EXAMPLE_FILES[aggregate]
     if not (folder / examples).is_file() or not (folder / tasks).is_file():
         return None
     with open(folder / examples) as f:
-        answers = {(e["task"], e["index"]): bool(e["correct"]) for e in map(json.loads, filter(str.strip, f))}
+        answers = {(e["task"], e["index"]): float(bool(e["correct"])) for e in map(json.loads, filter(str.strip, f))}
     with open(folder / tasks, newline="") as f:
         baselines = {row[task_column]: baseline(row) for row in csv.DictReader(f)}
     return answers, baselines
 
 
-def bootstrap_examples(pairs: list[tuple[Path, Path]], aggregate: str, resamples: int = BOOTSTRAP_RESAMPLES,
-                       seed: int = BOOTSTRAP_SEED) -> Estimate | None:
+def seed_answers(folders: list[Path], aggregate: str) -> tuple[dict[tuple[str, int], float], dict[str, float]] | None:
+    """example_answers of one seed: its reruns' correctness averaged per example (on the examples all answered), as
+    the paired Δ averages the reruns' metrics."""
+    loaded = [example_answers(folder, aggregate) for folder in folders]
+    if not loaded or any(one is None for one in loaded):
+        return None
+    if len(loaded) == 1:
+        return loaded[0]
+    shared = set.intersection(*(set(answers) for answers, _ in loaded))
+    return {key: sum(answers[key] for answers, _ in loaded) / len(loaded) for key in shared}, loaded[0][1]
+
+
+def bootstrap_examples(pairs: list[tuple[list[Path], list[Path]]], aggregate: str,
+                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Estimate | None:
     """Paired bootstrap of a CORE or ChatCORE difference (arm − baseline) over its examples.
 
-    pairs: (arm eval folder, baseline eval folder) for each shared seed. The difference is the mean over
-    tasks of the centered accuracy difference, averaged over the pairs, on the examples (task + index)
-    that every folder answered; examples are resampled within tasks, the same draw for every pair."""
-    loaded = [(example_answers(a, aggregate), example_answers(b, aggregate)) for a, b in pairs]
+    pairs: (arm eval folders, baseline eval folders) for each shared seed, the seed's reruns each. The difference
+    is the mean over tasks of the centered accuracy difference, averaged over the pairs, on the examples (task +
+    index) that every folder answered; examples are resampled within tasks, the same draw for every pair."""
+    loaded = [(seed_answers(a, aggregate), seed_answers(b, aggregate)) for a, b in pairs]
     if not loaded or any(a is None or b is None for a, b in loaded):
         return None
     baselines = loaded[0][0][1]
