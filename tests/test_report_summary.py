@@ -10,6 +10,7 @@ import yaml
 
 from tests.test_report import XSA, is_png, make_run
 from xsa_exp.report import ReportError, build_report, main
+from xsa_exp.report.stats import holm
 from xsa_exp.report.summary import write_summary
 
 pytestmark = pytest.mark.xdist_group("report_summary")  # one worker builds the reports for every test
@@ -111,6 +112,27 @@ def test_summary_reads_the_numbers_the_report_wrote_and_recovers_them_without_p_
         assert old["family_tests"] == new["family_tests"]
         for column in ("sd", "pi95_low", "pi95_high", "p", "p_holm"):
             assert float(new[column]) == pytest.approx(float(old[column]), abs=1e-9, rel=1e-9), column
+
+
+def test_a_question_of_several_folders_is_one_holm_family(results):
+    """The tests of a question whose cells fill several report folders are adjusted together, and a cell that two of
+    its folders hold alike (the same Δ over the same seeds: a reference run once, reported twice) counts once."""
+    shutil.copytree(results / "ablation", results / "ablation_again")
+    manifest = {"optim": {**MANIFEST["optim"], "question": "11b"}, "ablation": MANIFEST["ablation"],
+                "ablation_again": MANIFEST["ablation"]}
+    (results / "summary.yaml").write_text(yaml.safe_dump(manifest, allow_unicode=True, sort_keys=False))
+    write_summary(results)
+    rows = read_csv(results / "summary.csv")
+    assert [r["folder"] for r in rows] == ["optim", "optim", "ablation", "ablation", "ablation_again",
+                                          "ablation_again"]
+    tests = {(r["folder"], r["depth"], r["arm"]): float(r["p"]) for r in rows if r["folder"] != "ablation_again"}
+    tests["ablation", "d12 · smear=False", XSA] = float(report_numbers(results / "ablation")[
+        ("d12 · smear=False", XSA, "val/bpb", "paired_delta_p")])  # plotted or not, each test counts
+    adjusted = holm(tests)  # the question's 2 + 3 tests, each once
+    for row in rows:
+        folder = "ablation" if row["folder"] == "ablation_again" else row["folder"]
+        assert row["family_tests"] == "5"
+        assert float(row["p_holm"]) == pytest.approx(adjusted[folder, row["depth"], row["arm"]], rel=1e-12)
 
 
 def test_summary_table_and_forest_plot(results):

@@ -1,6 +1,6 @@
 """The study's summary from its committed numbers alone: every question's selected paired Δ val/bpb in one forest
-plot and one table, with p and Holm's p within the question's family, read from each question's numbers.csv (the
-run directories behind them are not kept).
+plot and one table, with p and Holm's p within the question's family (the tests of one kind in all of the question's
+folders), read from each question's numbers.csv (the run directories behind them are not kept).
 
 <results>/summary.yaml, the manifest, names the question folders:
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ import yaml
 from xsa_exp.report.plots import plot_forest
 from xsa_exp.report.render import PAIRED_TESTS, Key, fmt_p, md_table, num
 from xsa_exp.report.runs import ReportError
-from xsa_exp.report.stats import Estimate, holm_by_family
+from xsa_exp.report.stats import Estimate, family_of, holm
 
 MANIFEST = "summary.yaml"
 SELECTOR_KEYS = {"depth", "arm", "label"}
@@ -49,7 +50,7 @@ class Cell:
     label: str  # the manifest's name of the cell, else its depth label
     delta: Estimate
     p_holm: float
-    family: int  # the number of tests in the question's family
+    family: int  # the number of tests in the question's family (all its folders)
 
 
 def read_numbers(path: Path) -> dict[Key, float | str]:
@@ -106,15 +107,30 @@ def selected(folder: str, entry: dict, deltas: list[Key]) -> list[tuple[Key, str
     return list(chosen.items())
 
 
-def question_cells(results: Path, folder: str, entry: dict) -> list[Cell]:
-    missing = {"question", "title", "recipe"} - set(entry if isinstance(entry, dict) else {})
-    if missing:
-        raise ReportError(f"{MANIFEST}, {folder}: give {', '.join(sorted(missing))}")
-    tests = family(read_numbers(results / folder / "numbers.csv"))
-    adjusted, family_size = holm_by_family({key: e.p for key, e in tests.items()})
-    deltas = [key for key in tests if key[2:] == ("val/bpb", "paired_delta")]
-    return [Cell(folder, str(entry["question"]), entry["title"], entry["recipe"], key[0], key[1], label or key[0],
-                 tests[key], adjusted[key], family_size[key]) for key, label in selected(folder, entry, deltas)]
+def question_holm(questions: dict[str, str], tests: dict[str, dict[Key, Estimate]]) -> dict[tuple[str, Key], tuple]:
+    """(folder, key) -> (Holm's p, family size) within the test's question family: its kind's tests (family_of) in
+    every folder of its question (questions: folder -> question), a test that two folders hold alike (the same cell,
+    value and seeds) counted once."""
+    families = defaultdict(dict)
+    test_of = {}
+    for folder, folder_tests in tests.items():
+        for key, e in folder_tests.items():
+            family, test = (questions[folder], *family_of(key)), (key, e.value, e.n)
+            families[family][test] = e.p
+            test_of[folder, key] = family, test
+    adjusted = {family: holm(members) for family, members in families.items()}
+    return {where: (adjusted[family][test], len(families[family])) for where, (family, test) in test_of.items()}
+
+
+def question_cells(manifest: dict, tests: dict[str, dict[Key, Estimate]]) -> list[Cell]:
+    questions = {folder: str(entry["question"]) for folder, entry in manifest.items()}
+    adjusted = question_holm(questions, tests)
+    cells = []
+    for folder, entry in manifest.items():
+        deltas = [key for key in tests[folder] if key[2:] == ("val/bpb", "paired_delta")]
+        cells += [Cell(folder, questions[folder], entry["title"], entry["recipe"], key[0], key[1], label or key[0],
+                       tests[folder][key], *adjusted[folder, key]) for key, label in selected(folder, entry, deltas)]
+    return cells
 
 
 def read_manifest(results: Path) -> dict:
@@ -127,6 +143,10 @@ def read_manifest(results: Path) -> dict:
         raise ReportError(f"{path} is not valid YAML ({' '.join(str(e).split())[:120]})") from None
     if not isinstance(manifest, dict) or not manifest:
         raise ReportError(f"{path}: a mapping of question folders")
+    for folder, entry in manifest.items():
+        missing = {"question", "title", "recipe"} - set(entry if isinstance(entry, dict) else {})
+        if missing:
+            raise ReportError(f"{MANIFEST}, {folder}: give {', '.join(sorted(missing))}")
     return manifest
 
 
@@ -136,7 +156,8 @@ def write_summary(results: Path, out_dir: Path | None = None) -> list[Path]:
     results = Path(results).expanduser()
     out_dir = results if out_dir is None else Path(out_dir).expanduser()
     manifest = read_manifest(results)
-    cells = [cell for folder, entry in manifest.items() for cell in question_cells(results, folder, entry)]
+    tests = {folder: family(read_numbers(results / folder / "numbers.csv")) for folder in manifest}
+    cells = question_cells(manifest, tests)
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = {}
     for cell in cells:
@@ -167,8 +188,9 @@ def markdown(groups: dict[str, list[Cell]]) -> str:
              "cells that summary.yaml selects; forest.png plots them. Δ: XSA arm − its baseline arm, paired over n "
              "seeds, 95% t-interval. SD: of the per-seed Δ; 95% PI: where one new seed pair's Δ would fall "
              "(Δ ± t·SD·√(1 + 1/n)). p: the paired t-test's, two-sided; Holm: p adjusted within the question's family, "
-             "its report's paired Δ val/bpb tests (their number in \"tests\"), so a Holm p below 0.05 stays a call at "
-             "5% however many cells the question tested, at seeds fixed in advance (a cell given seeds 6-10 by the "
+             "the paired Δ val/bpb tests of all its report folders (their number in \"tests\"; a cell that two "
+             "folders hold alike counts once), so a Holm p below 0.05 stays a call at 5% however many cells the "
+             "question tested, at seeds fixed in advance (a cell given seeds 6-10 by the "
              "seed rule errs more often: docs/results/README.md, \"Multiplicity and the seed rule\"). Where a "
              "numbers.csv predates p-values, p and SD are recovered from its interval exactly.", ""]
     for recipe, cells in groups.items():
