@@ -15,7 +15,7 @@ from scipy import stats
 
 from tests.test_report import BASE, XSA, is_png, make_eval, make_run, numbers, table_row
 from xsa_exp import run_dir as rd
-from xsa_exp.report import band, build_report, count_spikes, holm, load_run, mean_ci, relative_change, sweep_jobs
+from xsa_exp.report import band, build_report, count_spikes, holm, load_run, main, mean_ci, relative_change, sweep_jobs
 
 T2, T3 = 12.7062047, 4.30265273  # t quantiles 0.975 with 1 and 2 degrees of freedom (tables)
 
@@ -267,6 +267,36 @@ def test_runs_trained_otherwise_are_never_pooled_into_one_arm(tmp_path):
     assert depths == {"d12", "d12 · epochs=2", *(f"d12 · {label}" for label in others.values())}, depths
     assert got["d12", XSA, "val/bpb", "paired_delta"] == pytest.approx(0.01)
     assert got["d12 · epochs=2", XSA, "val/bpb", "paired_delta"] == pytest.approx(-0.01)  # both seeds, paired
+
+
+def test_a_given_reference_setting_is_the_one_the_others_are_compared_with(tmp_path, capsys):
+    """Two settings run alike (no value the most common) get no reference unless --reference-setting names one, by
+    config key or label name; then each other setting's Δ is compared with the reference's, seed by seed. A key no
+    depth varies, a value no run has, or no KEY=VALUE is one line."""
+    study = tmp_path / "study"
+    for seed, (d_windows, d_full) in enumerate([(0.010, 0.014), (0.012, 0.015), (0.011, 0.017)], 1):
+        for pattern, delta in (("SSSL", d_windows), ("L", d_full)):
+            config = f"model:\n  window_pattern: {pattern}\n"
+            make_run(study, f"{pattern}-b{seed}", seed=seed, final_bpb=0.9, config=config)
+            make_run(study, f"{pattern}-x{seed}", alpha=1.0, seed=seed, final_bpb=0.9 + delta, config=config)
+    alike = csv_rows(build_report([study], tmp_path / "alike"))
+    assert {depth for depth, *_ in alike} == {"d12 · window_pattern=L", "d12 · window_pattern=SSSL"}
+    assert not [key for key in alike if key[3] == "delta_vs_reference_setting"]
+    for given in ({"window_pattern": "SSSL"}, {"model.window_pattern": "SSSL"}):
+        got = csv_rows(build_report([study], tmp_path / "given", reference=given, force=True))
+        assert {depth for depth, *_ in got} == {"d12", "d12 · window_pattern=L"}
+        assert got["d12 · window_pattern=L", XSA, "val/bpb", "delta_vs_reference_setting"] == pytest.approx(
+            np.mean([0.004, 0.003, 0.006]))
+    for argv, message in ((["--reference-setting", "sequence_len=256"], "--reference-setting sequence_len: not a "
+                           "setting that varies among the runs"),
+                          (["--reference-setting", "window_pattern=SSSSL"], "--reference-setting "
+                           "window_pattern=SSSSL: no run of d12 has it (its values: 'L', 'SSSL')"),
+                          (["--reference-setting", "window_pattern"], "--reference-setting window_pattern: give "
+                           "KEY=VALUE")):
+        with pytest.raises(SystemExit):
+            main([str(study), "--out", str(tmp_path / "refused"), *argv])
+        assert message in capsys.readouterr().err, message
+        assert not (tmp_path / "refused").exists()
 
 
 def test_runs_that_computed_in_another_precision_are_never_paired_though_their_configs_say_auto(tmp_path):

@@ -28,8 +28,9 @@ DESCRIPTION = "The study's report: tables, statistics and plots from run directo
 
 
 def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha: float = 0.0,
-                 force: bool = False) -> Path:
-    """Write the report of the runs under `paths` into out_dir (default <paths[0]>/report); returns report.md."""
+                 force: bool = False, reference: dict[str, str] | None = None) -> Path:
+    """Write the report of the runs under `paths` into out_dir (default <paths[0]>/report); returns report.md.
+    reference: the settings to take as each depth's reference (runs.assign_settings)."""
     paths = [Path(p).expanduser() for p in paths]
     if not paths:
         raise ReportError("give at least one sweep or run directory")
@@ -44,7 +45,7 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
                           "replace it; nothing was overwritten (choose another --out)")
     if not 0 <= baseline_alpha <= 1:  # NaN too
         raise ReportError(f"--baseline-alpha {baseline_alpha:g} is not an α of XSA; give one in [0, 1]")
-    loaded, problems = load_runs(paths)
+    loaded, problems = load_runs(paths, reference)
     runs = [run for run in loaded if run.complete]
     if not runs:
         warnings.warn(f"no complete run under {', '.join(map(str, paths))}: the report lists only the "
@@ -92,7 +93,7 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
     return report
 
 
-def load_runs(paths: list[Path]) -> tuple[list[Run], list[Problem]]:
+def load_runs(paths: list[Path], reference: dict[str, str] | None = None) -> tuple[list[Run], list[Problem]]:
     """Every run under `paths` that could be read (complete or not, with its settings assigned), and the problems:
     sweep jobs that never became runs, unreadable and incomplete runs."""
     run_dirs, sweep_problems = discover(paths)
@@ -114,7 +115,7 @@ def load_runs(paths: list[Path]) -> tuple[list[Run], list[Problem]]:
         loaded.append(run)
         if not run.complete:
             problems.append(Problem(run.label, incomplete_reason(run)))
-    assign_settings(loaded)
+    assign_settings(loaded, reference)
     return loaded, sorted(problems, key=lambda p: p.label)
 
 
@@ -185,6 +186,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline-alpha", type=float, default=0.0,
                         help="α of the baseline arm (default 0: standard attention)")
     parser.add_argument("--force", action="store_true", help="write into an existing non-empty report folder")
+    parser.add_argument("--reference-setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="where a depth's runs differ in KEY (optim.lr.x0_scalar, or its label's name "
+                             "x0_scalar), the setting whose Δ the others' are compared with (default: the value "
+                             "most of its settings share, else none); repeatable")
     parser.add_argument("--summary", type=Path, metavar="RESULTS",
                         help="the committed questions' summary from RESULTS/summary.yaml and each question's "
                              "numbers.csv alone: summary.csv, summary.md and forest.png, replaced")
@@ -207,6 +212,11 @@ def main(argv: list[str] | None = None) -> None:
                     if value is not None}
     if rule_options and not args.seed_rule:
         parser.error("--sd, --stages, --max-half-width, --simulations and --seed go with --seed-rule")
+    for setting in args.reference_setting:
+        if not setting.partition("=")[0] or "=" not in setting:
+            parser.error(f"--reference-setting {setting}: give KEY=VALUE, e.g. optim.lr.x0_scalar=0.5")
+    if args.reference_setting and not args.paths:
+        parser.error("--reference-setting goes with run directories (a report)")
     set_up_console()
     with exit_on_user_error():
         if args.seed_rule:
@@ -215,4 +225,5 @@ def main(argv: list[str] | None = None) -> None:
             for path in summary.write_summary(args.summary, args.out):
                 print(f"summary: {path}")
         else:
-            print(f"report: {build_report(args.paths, args.out, args.baseline_alpha, args.force)}")
+            reference = dict(setting.partition("=")[::2] for setting in args.reference_setting)
+            print(f"report: {build_report(args.paths, args.out, args.baseline_alpha, args.force, reference)}")

@@ -267,8 +267,8 @@ def stability(all_runs: list[Run], results: list[ArmResult]) -> dict[str, list[S
 @dataclass
 class SettingRow:
     """One XSA arm's paired Δ val/bpb at one setting of a depth, and how it differs from the Δ at the reference
-    setting (the one whose every value is the common one, when there is such a setting): per seed, Δ here − Δ
-    there, mean ± t-interval over the seeds both have."""
+    setting (the one whose every value is the common one or the given reference, when there is such a setting): per
+    seed, Δ here − Δ there, mean ± t-interval over the seeds both have."""
 
     base_depth: str
     setting: str  # the depth label's settings part ("" for the reference)

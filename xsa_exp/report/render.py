@@ -441,8 +441,8 @@ def settings_table(rows: list[SettingRow], out: Numbers) -> str:
                       *(versus if reference else [])])
         out.estimate(row.depth, row.arm.label, "val/bpb", "delta_vs_reference_setting", row.versus_reference)
     note = (" Against the reference: per seed, Δ at the setting − Δ at the reference setting (whose every value is "
-            "the one most of the settings share), over the seeds both have, 95% t-CI; significant? and p there are "
-            "this difference's." if reference else "")
+            "the one most of the settings share, or the one --reference-setting gave), over the seeds both have, 95% "
+            "t-CI; significant? and p there are this difference's." if reference else "")
     return "\n".join([
         f"## Settings of `{base}` side by side", "",
         "Δ: XSA arm − its baseline arm (same depth and settings, optimizer and lr scale), paired over seeds, 95% "

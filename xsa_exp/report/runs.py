@@ -202,11 +202,14 @@ def leaves(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def assign_settings(runs: list[Run]) -> None:
+def assign_settings(runs: list[Run], reference: dict[str, str] | None = None) -> None:
     """Give each run the SETTING_KEYS values that vary among the runs of its depth (within one optimizer), and a
     depth label naming those of them in which its setting differs from the common one: a key's value shared by
     most of the depth's settings is left out of their labels ("tiny · window_pattern=L" beside "tiny" for an
-    ablation), unless no value is the most common (a sweep over sequence_len names it in every label)."""
+    ablation), unless no value is the most common (a sweep over sequence_len names it in every label).
+    reference: setting key (config key or label name) -> the value, as written, to take as the common one instead
+    (--reference-setting); one that no depth varies, or a value none of its runs has, is a ReportError."""
+    reference, used = dict(reference or {}), set()
     by_depth = defaultdict(list)
     for run in runs:
         by_depth[run.base_depth].append(run)
@@ -220,16 +223,36 @@ def assign_settings(runs: list[Run]) -> None:
         settings = {run.path: {k: run.config.get(k) for k in varying} for run in group}
         distinct = list({repr(s): s for s in settings.values()}.values())
         common = {}
+        names = setting_names(varying)
         for k in varying:
             counts = Counter(repr(s[k]) for s in distinct).most_common()
-            if len(counts) == 1 or counts[0][1] > counts[1][1]:
+            given = next((name for name in (k, names[k]) if name in reference), None)
+            if given is not None:
+                value = repr(as_config_value(reference[given]))
+                if value not in dict(counts):
+                    raise ReportError(f"--reference-setting {given}={reference[given]}: no run of "
+                                      f"{group[0].base_depth} has it (its values: "
+                                      f"{', '.join(sorted(dict(counts)))})")
+                common[k] = value
+                used.add(given)
+            elif len(counts) == 1 or counts[0][1] > counts[1][1]:
                 common[k] = counts[0][0]
-        names = setting_names(varying)
         for run in group:
             run.settings = settings[run.path]
             run.shown = {k: v for k, v in run.settings.items() if common.get(k) != repr(v)}
             run.setting_names = names
             run.depth = " · ".join([run.base_depth, *(f"{names[k]}={v}" for k, v in run.shown.items())])
+    if reference.keys() - used:
+        raise ReportError(f"--reference-setting {', '.join(sorted(reference.keys() - used))}: not a setting that "
+                          "varies among the runs (give its config key, e.g. optim.lr.x0_scalar, or its label's name)")
+
+
+def as_config_value(text: str):
+    """A value given on the command line as config.yaml holds it: 0.5 a float, L a string."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 def setting_names(keys: list[str]) -> dict[str, str]:
