@@ -141,8 +141,8 @@ def xsa_overhead(label: str, shape: list[str], batch_size: int, device: str, com
         for r in range(repeats):
             for name in names[r % len(names):] + names[: r % len(names)]:
                 _, model, opt, sched = arms[name]
-                model.load_state_dict(snapshots[name][0])
-                opt.load_state_dict(snapshots[name][1])
+                model.load_state_dict(snapshots[name][0])  # copied into the parameters
+                opt.load_state_dict(copy.deepcopy(snapshots[name][1]))  # adopted as the live state: a copy's
                 times[name].append(timed(lambda: train_step(model, opt, sched, batch, autocast), device))
     except Stopped:
         repeats, stopped = min(map(len, times.values())), True
