@@ -2,10 +2,12 @@
 (--smoke), and what of its GPU path no CPU run reaches: the profiler's summary of CUDA kernels (from stand-in
 events) and the count of recompiles."""
 
+import argparse
 import importlib
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -147,3 +149,28 @@ def test_a_part_that_fails_or_has_no_time_is_recorded_and_the_next_runs(gpu_runs
     skipped = gpu_runs.part(fails, {"run": "d12_compiled"}, gpu_runs.MIN_PART_S - 1)
     assert skipped == {"run": "d12_compiled", "skipped": "out of the time budget"}
     assert gpu_runs.part(lambda: {"run": "sync check", "count": 0}, {"run": "sync check"}, 90)["count"] == 0
+
+
+@pytest.mark.parametrize("sync_fails", [False, True])
+def test_a_failed_sync_check_sends_the_runs_to_the_path_that_ran_before(gpu_runs, monkeypatch, tmp_path, sync_fails):
+    """The sync check runs the study's path first; where it fails on the device, the throughput runs measure the
+    autocast path with the unfused head instead of failing alike, and the figures say so."""
+    def sync_check(common, *rest):
+        if sync_fails:
+            raise RuntimeError("Could not run 'aten::addmm.dtype' with arguments from the 'CUDA' backend")
+        return {"run": "sync check", "settings": [arg for arg in common if arg.startswith(("trainer.", "model."))]}
+    runs = []
+    monkeypatch.setattr(gpu_runs, "exactness_checks", lambda device, smoke: {})
+    monkeypatch.setattr(gpu_runs, "write_corpus", lambda *args, **kwargs: None)
+    monkeypatch.setattr(gpu_runs, "sync_check", sync_check)
+    monkeypatch.setattr(gpu_runs, "throughput_run", lambda run, common, *rest: runs.append(common) or {"run": run})
+    args = argparse.Namespace(budget_s=10_000, out=tmp_path / "gpu_runs.json", runs=["d12_compiled", "d24_compiled"],
+                              smoke=True)
+    study = ["trainer.precision=bf16-compute", "model.fused_loss_head=true"]
+    figures = {"settings": study, "runs": []}
+    gpu_runs.measure_all(args, figures, "cpu", time.monotonic())
+    expected = gpu_runs.FALLBACK_SETTINGS if sync_fails else study
+    assert len(runs) == 2 and all(set(expected) <= set(common) for common in runs)
+    assert ("fallback" in figures) == sync_fails and figures["settings"] == expected
+    assert json.loads(args.out.read_text())["settings"] == expected
+
