@@ -62,7 +62,8 @@ left but 60 s for each run after it; a part with under 60 s is recorded as skipp
 and the next part runs; a child stopped at its limit, or by bench/gpu.sh's
 (SIGTERM), keeps what it had written, and after bench/gpu.sh's no part starts. A check that fails records its error.
 A sync check that fails on the study's path ("error") sends the runs to the path that ran on 2026-12-04
-(trainer.precision=bf16-mixed, model.fused_loss_head=false; "fallback" says so), which would otherwise fail alike.
+(trainer.precision=bf16-mixed, model.fused_loss_head=false, optim.muon.compile=false; "fallback" says so), which
+would otherwise fail alike.
 Prints a table for BENCHMARKS.md.
 """
 
@@ -119,8 +120,8 @@ START_S = {"d12": 20, "d24": 30}       # the runs' 76 and 105 s less their 6 upd
                                        # final checkpoint (8 GB) that the child does not write
 PROFILED_SLOWDOWN = 1.5  # a profiled update, with its share of the summary, over a steady one (a guess)
 SYNC_S = 60              # the tiny preset's sync-count run took 50 s; the windows add FlexAttention's kernels (a guess)
-FALLBACK_SETTINGS = ["trainer.precision=bf16-mixed", "model.fused_loss_head=false"]  # the runs' after a failed sync
-                                                                                    # check: the 2026-12-04 path
+# The runs' settings after a failed sync check: the path that ran on 2026-12-04 (autocast, the unfused head, Muon eager)
+FALLBACK_SETTINGS = ["trainer.precision=bf16-mixed", "model.fused_loss_head=false", "optim.muon.compile=false"]
 MIN_PART_S = 60          # a run or the sync check is not started with less: its compilation alone takes about that
 SMOKE = ["model.n_layer=2", "model.n_embd=64", "model.n_head=2", "model.sequence_len=64", "model.vocab_size=1024",
          "train.device_batch_size=4", "train.total_batch_tokens=1024"]

@@ -259,6 +259,15 @@ def test_param_groups_carry_every_key_at_the_schema_default(monkeypatch, native)
         MuonAdamW(groups)
 
 
+@pytest.mark.parametrize("setting,compiled", [("null", True), ("false", False), ("true", True)])
+def test_muon_compiles_as_the_model_unless_optim_muon_compile_says_otherwise(setting, compiled):
+    model, cfg = model_and_cfg(f"optim.muon.compile={setting}")
+    for train_compile in (True, False):
+        groups = build_param_groups(model, cfg.optim, None, compiled=train_compile)
+        expected = train_compile if setting == "null" else compiled
+        assert all(g["compiled"] == expected for g in groups if g["algorithm"] == "muon"), (setting, train_compile)
+
+
 def model_and_cfg(*overrides):
     cfg = compose_config("model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.vocab_size=300",
                          "model.sequence_len=16", *overrides)

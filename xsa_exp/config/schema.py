@@ -123,6 +123,8 @@ class MuonConfig:
                                 "bf16 matmul, float32 on other CPUs", choices=("auto", "bfloat16", "float32"))
     sharded: bool = key(True, "under DDP, each rank orthogonalizes its share of each shape of matrix, then one "
                               "all_gather per shape (the same update; no effect on one device)")
+    compile: Optional[bool] = key(None, "Muon's step as one torch.compile graph per shape group; null = as "
+                                        "train.compile; false keeps it eager where a device's compiler fails on it")
     weight_decay: float = key(0.0, "Muon weight decay", ge=0)
     cautious_weight_decay: bool = key(False, "decay only where the update and the weight agree in sign, by the "
                                              "shape-adjusted lr (nanochat); false: every weight, by lr "
@@ -308,7 +310,8 @@ class TrainLoopConfig:
     grad_clip: float = key(0.0, "max global grad norm; 0 = off", ge=0)
     skip_nonfinite_steps: int = key(0, "non-finite updates skipped before the run stops; 0 = stop at the first", ge=0)
     compile: bool = key(False, "torch.compile the training forward as one graph (fullgraph: a graph break is an "
-                               "error) and Muon's step (one graph per shape of matrix); evaluations run eager")
+                               "error) and Muon's step (one graph per shape of matrix, unless optim.muon.compile "
+                               "says otherwise); evaluations run eager")
     cpu_threads: Optional[int] = key(None, "torch threads on CPU; null = torch's default (one per core); fp32 sums, "
                                      "and so results, depend on it", ge=1)
     peak_flops: Optional[float] = key(None, "one device's peak FLOP/s, for train/mfu; null = by CUDA device name "

@@ -12,7 +12,8 @@ from xsa_exp.precision import newton_schulz_dtype
 def build_param_groups(model, optim_cfg: OptimConfig, transfer: Transfer | None, compiled: bool) -> list[dict]:
     """Every key of each group from the config (MuonGroup, AdamWGroup), ns_dtype=auto resolved for the device the
     model is on. transfer: nanochat's lr factor and Muon weight decay for this run (optim.nanochat_transfer), or
-    None; compiled: Muon's step as one torch.compile graph per shape group (train.compile)."""
+    None; compiled: train.compile, Muon's step as one torch.compile graph per shape group unless optim.muon.compile
+    says otherwise."""
     width_scale = (model.config.n_embd / 768) ** -0.5 if optim_cfg.width_lr_scaling else 1.0
     adamw = optim_cfg.adamw
     ns_dtype, _ = newton_schulz_dtype(optim_cfg.muon.ns_dtype, cuda=next(model.parameters()).is_cuda)
@@ -28,7 +29,8 @@ def build_param_groups(model, optim_cfg: OptimConfig, transfer: Transfer | None,
             groups.append(MuonGroup(role=role, algorithm="muon", params=params, lr=lr, momentum=float(muon.momentum),
                                     nesterov=bool(muon.nesterov), ns_steps=int(muon.ns_steps),
                                     ns_coefficients=str(muon.ns_coefficients), ns_dtype=ns_dtype,
-                                    sharded=bool(muon.sharded), compiled=compiled,
+                                    sharded=bool(muon.sharded),
+                                    compiled=compiled if muon.compile is None else bool(muon.compile),
                                     weight_decay=float(weight_decay),
                                     cautious_weight_decay=bool(muon.cautious_weight_decay),
                                     variance_reduction=bool(muon.variance_reduction), beta2=float(muon.beta2)))
