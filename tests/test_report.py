@@ -382,26 +382,6 @@ def test_the_bootstrap_averages_a_seeds_reruns_as_the_paired_difference_does(tmp
     assert got[XSA, "CORE 18/22", "bootstrap_delta"] == pytest.approx(paired)
 
 
-def test_runs_of_one_setting_that_split_the_batch_differently_are_pooled_and_listed(tmp_path):
-    """The batch's split into micro-batches moves only the last bits, so runs that differ in it stay one setting and
-    are paired, and the report says which runs split it how; where every run splits it alike, it says nothing."""
-    study, alike = tmp_path / "study", tmp_path / "alike"
-    for seed in (1, 2, 3):
-        for root in (study, alike):
-            make_run(root, f"base{seed}", alpha=0.0, seed=seed, final_bpb=0.850)
-        make_run(alike, f"xsa{seed}", alpha=1.0, seed=seed, final_bpb=0.846)
-        run = make_run(study, f"xsa{seed}", alpha=1.0, seed=seed, final_bpb=0.846,
-                       config="train:\n  device_batch_size: 2\n")
-        rd.update_run_info(run, grad_accumulation=4)
-    report = build_report([study], tmp_path / "out")
-    assert numbers(report)[XSA, "val/bpb", "paired_delta_n"] == 3
-    heading = "## Settings whose runs split the batch differently (pooled: the split moves only the last bits)\n\n"
-    listed = report.read_text().split(heading)[1].splitlines()[0]
-    assert listed == ("- d12: 1 micro-batches of ? sequences per device: `study/base1`, `study/base2`, `study/base3`; "
-                      "4 micro-batches of 2 sequences per device: `study/xsa1`, `study/xsa2`, `study/xsa3`")
-    assert heading.strip() not in build_report([alike], tmp_path / "out_alike").read_text()
-
-
 def test_reruns_of_a_seed_count_once_in_the_diagnostics_and_the_curves(tmp_path):
     study = tmp_path / "study"
     for name, seed, cos in (("a", 1, 0.2), ("b", 1, 0.4), ("c", 2, 0.9)):  # seed means 0.3 and 0.9; run mean 0.5

@@ -15,7 +15,19 @@ from scipy import stats
 
 from tests.test_report import BASE, XSA, is_png, make_eval, make_run, numbers, table_row
 from xsa_exp import run_dir as rd
-from xsa_exp.report import band, build_report, count_spikes, holm, load_run, main, mean_ci, relative_change, sweep_jobs
+from xsa_exp.report import (
+    ReportError,
+    band,
+    build_report,
+    count_spikes,
+    holm,
+    load_run,
+    main,
+    mean_ci,
+    relative_change,
+    sweep_jobs,
+)
+from xsa_exp.report.runs import reference_keys
 
 T2, T3 = 12.7062047, 4.30265273  # t quantiles 0.975 with 1 and 2 degrees of freedom (tables)
 
@@ -240,7 +252,8 @@ def test_scale_trend_rows_and_plot(tmp_path):
 
 
 def test_runs_trained_otherwise_are_never_pooled_into_one_arm(tmp_path):
-    """Keys that change what a run computes split its depth: clipping, the updates it may skip, the width lr scaling,
+    """Keys that change what a run computes split its depth: clipping, the updates it may skip, the batch's split into
+    micro-batches (its size, and how many per device: run.json's grad_accumulation), the width lr scaling,
     XSA's eps, the tokenizer's sample, the validation files and shard, the data order, compilation, nanochat's
     transfer (its lr factor; a run from before optim.transfer reads as null), and the key that set the run's length
     (here train.epochs; SFT's epoch of rows left after dropping the untrained ones differs by a step between seeds,
@@ -252,7 +265,8 @@ def test_runs_trained_otherwise_are_never_pooled_into_one_arm(tmp_path):
               "optim:\n  transfer:\n    lr_factor: 1.5\n": "lr_factor=1.5", "data:\n  val_path: /data/v.jsonl\n":
               "val_path=/data/v.jsonl", "data:\n  num_shards: 100\n": "num_shards=100",  # another validation shard
               "data:\n  shuffle_rows: 64\n": "shuffle_rows=64", "data:\n  num_workers: 2\n": "num_workers=2",
-              "train:\n  skip_nonfinite_steps: 3\n": "skip_nonfinite_steps=3"}
+              "train:\n  skip_nonfinite_steps: 3\n": "skip_nonfinite_steps=3",
+              "train:\n  device_batch_size: 2\n": "device_batch_size=2"}
     for seed in (1, 2):
         make_run(study, f"b{seed}", seed=seed, final_bpb=0.9)
         make_run(study, f"x{seed}", alpha=1.0, seed=seed, final_bpb=0.91)
@@ -262,41 +276,65 @@ def test_runs_trained_otherwise_are_never_pooled_into_one_arm(tmp_path):
         for i, config in enumerate(others):  # an indented line continues make_run's xsa: node
             make_run(study, f"o{i}-b{seed}", seed=seed, final_bpb=0.9, config=config)
             make_run(study, f"o{i}-x{seed}", alpha=1.0, seed=seed, final_bpb=0.95, config=config)
+        for name, alpha in (("acc-b", 0.0), ("acc-x", 1.0)):  # 4 micro-batches per device, as run.json records
+            rd.update_run_info(make_run(study, f"{name}{seed}", alpha=alpha, seed=seed, final_bpb=0.9 + alpha / 20),
+                               grad_accumulation=4)
     got = csv_rows(build_report([study], tmp_path / "out"))
     depths = {depth for depth, *_ in got}
-    assert depths == {"d12", "d12 · epochs=2", *(f"d12 · {label}" for label in others.values())}, depths
+    assert depths == {"d12", "d12 · epochs=2", "d12 · grad_accumulation=4",
+                      *(f"d12 · {label}" for label in others.values())}, depths
     assert got["d12", XSA, "val/bpb", "paired_delta"] == pytest.approx(0.01)
     assert got["d12 · epochs=2", XSA, "val/bpb", "paired_delta"] == pytest.approx(-0.01)  # both seeds, paired
 
 
 def test_a_given_reference_setting_is_the_one_the_others_are_compared_with(tmp_path, capsys):
     """Two settings run alike (no value the most common) get no reference unless --reference-setting names one, by
-    config key or label name; then each other setting's Δ is compared with the reference's, seed by seed. A key no
-    depth varies, a value no run has, or no KEY=VALUE is one line."""
+    config key or the end of it, with the value as labels write it or YAML reads it, in every depth that has it;
+    each other setting's Δ is then compared with the reference's, seed by seed. A name that matches no varying key or
+    several, a value no run has, a name given twice or no KEY=VALUE is one line."""
     study = tmp_path / "study"
     for seed, (d_windows, d_full) in enumerate([(0.010, 0.014), (0.012, 0.015), (0.011, 0.017)], 1):
-        for pattern, delta in (("SSSL", d_windows), ("L", d_full)):
-            config = f"model:\n  window_pattern: {pattern}\n"
-            make_run(study, f"{pattern}-b{seed}", seed=seed, final_bpb=0.9, config=config)
-            make_run(study, f"{pattern}-x{seed}", alpha=1.0, seed=seed, final_bpb=0.9 + delta, config=config)
+        for depth, lrs in (("d12", (0.5, 1.0)), ("d24", (1.0, 2.0))):
+            for lr, delta in zip(lrs, (d_windows, d_full)):
+                config = f"optim:\n  lr:\n    x0_scalar: {lr}\n    embedding: 0.3\n"
+                make_run(study, f"{depth}-{lr}-b{seed}", depth=depth, seed=seed, final_bpb=0.9, config=config)
+                make_run(study, f"{depth}-{lr}-x{seed}", depth=depth, alpha=1.0, seed=seed, final_bpb=0.9 + delta,
+                         config=config)
     alike = csv_rows(build_report([study], tmp_path / "alike"))
-    assert {depth for depth, *_ in alike} == {"d12 · window_pattern=L", "d12 · window_pattern=SSSL"}
+    assert {depth for depth, *_ in alike} == {"d12 · x0_scalar=0.5", "d12 · x0_scalar=1.0", "d24 · x0_scalar=1.0",
+                                              "d24 · x0_scalar=2.0"}
     assert not [key for key in alike if key[3] == "delta_vs_reference_setting"]
-    for given in ({"window_pattern": "SSSL"}, {"model.window_pattern": "SSSL"}):
+    for given in ({"x0_scalar": "1.0"}, {"optim.lr.x0_scalar": "1"}, {"lr.x0_scalar": "1e0"}):
         got = csv_rows(build_report([study], tmp_path / "given", reference=given, force=True))
-        assert {depth for depth, *_ in got} == {"d12", "d12 · window_pattern=L"}
-        assert got["d12 · window_pattern=L", XSA, "val/bpb", "delta_vs_reference_setting"] == pytest.approx(
-            np.mean([0.004, 0.003, 0.006]))
+        assert {depth for depth, *_ in got} == {"d12", "d12 · x0_scalar=0.5", "d24", "d24 · x0_scalar=2.0"}, given
+        assert got["d24 · x0_scalar=2.0", XSA, "val/bpb", "delta_vs_reference_setting"] == pytest.approx(
+            np.mean([0.004, 0.003, 0.006]))  # d24: 2.0 against 1.0
+        assert got["d12 · x0_scalar=0.5", XSA, "val/bpb", "delta_vs_reference_setting"] == pytest.approx(
+            -np.mean([0.004, 0.003, 0.006]))  # d12: 0.5 against 1.0
+    only_d12 = csv_rows(build_report([study], tmp_path / "d12", reference={"x0_scalar": "5e-1"}))
+    assert {depth for depth, *_ in only_d12} == {"d12", "d12 · x0_scalar=1.0", "d24 · x0_scalar=1.0",
+                                                 "d24 · x0_scalar=2.0"}  # d24 has no 0.5: its labels as without
     for argv, message in ((["--reference-setting", "sequence_len=256"], "--reference-setting sequence_len: not a "
-                           "setting that varies among the runs"),
-                          (["--reference-setting", "window_pattern=SSSSL"], "--reference-setting "
-                           "window_pattern=SSSSL: no run of d12 has it (its values: 'L', 'SSSL')"),
-                          (["--reference-setting", "window_pattern"], "--reference-setting window_pattern: give "
-                           "KEY=VALUE")):
+                           "setting that varies among the runs (they vary in optim.lr.x0_scalar)"),
+                          (["--reference-setting", "x0_scalar=0.25"], "--reference-setting optim.lr.x0_scalar=0.25: "
+                           "no run has that value (its values: 0.5, 1.0, 2.0)"),
+                          (["--reference-setting", "x0_scalar=1", "--reference-setting", "optim.lr.x0_scalar=2"],
+                           "--reference-setting names optim.lr.x0_scalar twice"),
+                          (["--reference-setting", "x0_scalar=1", "--reference-setting", "x0_scalar=2"],
+                           "--reference-setting names x0_scalar twice"),
+                          (["--reference-setting", "x0_scalar"], "--reference-setting x0_scalar: give KEY=VALUE")):
         with pytest.raises(SystemExit):
             main([str(study), "--out", str(tmp_path / "refused"), *argv])
         assert message in capsys.readouterr().err, message
         assert not (tmp_path / "refused").exists()
+
+
+def test_a_reference_name_that_ends_several_varying_keys_is_refused():
+    keys = {"optim.lr.embedding", "optim.adamw.role_betas.embedding"}
+    with pytest.raises(ReportError, match=r"--reference-setting embedding names optim.adamw.role_betas.embedding, "
+                                          r"optim.lr.embedding: give the whole key"):
+        reference_keys({"embedding": "0.2"}, keys)
+    assert reference_keys({"lr.embedding": "0.2"}, keys) == {"optim.lr.embedding": "0.2"}
 
 
 def test_runs_that_computed_in_another_precision_are_never_paired_though_their_configs_say_auto(tmp_path):

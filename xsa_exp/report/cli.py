@@ -215,6 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     for setting in args.reference_setting:
         if not setting.partition("=")[0] or "=" not in setting:
             parser.error(f"--reference-setting {setting}: give KEY=VALUE, e.g. optim.lr.x0_scalar=0.5")
+    names = [setting.partition("=")[0] for setting in args.reference_setting]
+    if len(set(names)) < len(names):
+        parser.error(f"--reference-setting names {', '.join(sorted({n for n in names if names.count(n) > 1}))} twice")
     if args.reference_setting and not args.paths:
         parser.error("--reference-setting goes with run directories (a report)")
     set_up_console()

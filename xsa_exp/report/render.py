@@ -498,26 +498,7 @@ def runs_section(runs: list[Run], problems: list[Problem]) -> str:
             agree = "equal to the last bit" if len(bpb) == 1 else "differing"
             parts.append(f"- {depth}, {arm}, seed {seed}: {', '.join(f'`{r.label}`' for r in group)}: "
                          f"val/bpb {agree}")
-    return "\n".join(parts + batch_splits(runs)) + "\n"
-
-
-def batch_splits(runs: list[Run]) -> list[str]:
-    """Lines for the settings whose runs split the batch differently (sequences per micro-batch, micro-batches per
-    device): they are pooled and paired, since the split changes only the order of the sums, which moves the last
-    bits; listed so that a reader sees where it did."""
-    by_depth = defaultdict(lambda: defaultdict(list))
-    for run in runs:
-        split = (run.config.get("train.device_batch_size"), run.info.get("grad_accumulation"))
-        by_depth[run.depth][split].append(run)
-    lines = []
-    for depth, splits in by_depth.items():
-        if len(splits) > 1:
-            lines.append(f"- {depth}: " + "; ".join(
-                f"{'?' if accumulation is None else accumulation} micro-batches of {'?' if size is None else size} "
-                f"sequences per device: {', '.join(f'`{run.label}`' for run in group)}"
-                for (size, accumulation), group in splits.items()))
-    return ["", "## Settings whose runs split the batch differently (pooled: the split moves only the last bits)",
-            "", *lines] if lines else []
+    return "\n".join(parts) + "\n"
 
 
 def source_text(run: Run, metric: str) -> str:

@@ -33,19 +33,22 @@ class RunProblem(Exception):
 
 # Config keys whose values, where they differ between runs of one depth, make those runs different settings (e.g.
 # "tiny · sequence_len=512"), compared and trended apart: the stack, the model's shape and switches, the optimizer's
-# hyperparameters, the training length (by the key that set it: see load_run), batch, clipping and the non-finite
-# updates a run may skip, the corpus and its files, shards, order and tokenizer, the precision, Newton-Schulz dtype
-# and compilation (each moves the last bits), and what the final val/bpb covers (VAL_SCOPE). The arm's keys (xsa.*
+# hyperparameters, the training length (by the key that set it: see load_run), batch and its split into micro-batches
+# (with several loader workers a rank's updates read other rows, and SFT weighs each micro-batch's mean alike),
+# clipping and the non-finite updates a run may skip, the corpus and its files, shards, order and tokenizer, the
+# precision, Newton-Schulz dtype and compilation (each moves the last bits), and what the final val/bpb covers
+# (VAL_SCOPE). The arm's keys (xsa.*
 # but its eps, the optimizer) and the seed are not settings, nor is a key that only the optimizer arm changes
 # (optim=adamw's matrix lr).
 LENGTH_KEYS = ("train.max_steps", "train.target_tokens", "train.epochs", "train.param_data_ratio")
 VAL_SCOPE = "val_scope"  # a bpb over other tokens is another measurement: runs that differ in it are never paired
 SETTING_KEYS = ("stack_name", "model.", "xsa.eps", "optim.width_lr_scaling", "optim.muon.", "optim.lr.",
                 "optim.adamw.", "optim.schedule.", "optim.transfer.", *LENGTH_KEYS, "train.total_batch_tokens",
-                "train.grad_clip", "train.skip_nonfinite_steps", "train.compile", "data.name", "data.repo",
-                "data.num_shards", "data.num_train_shards", "data.path", "data.val_path", "data.text_column",
-                "data.txt_sample_by", "data.tokenizer_chars", "data.tokenizer_doc_chars", "data.packing",
-                "data.shuffle_rows", "data.num_workers", "trainer.precision", VAL_SCOPE)
+                "train.device_batch_size", "grad_accumulation", "train.grad_clip", "train.skip_nonfinite_steps",
+                "train.compile", "data.name", "data.repo", "data.num_shards", "data.num_train_shards", "data.path",
+                "data.val_path", "data.text_column", "data.txt_sample_by", "data.tokenizer_chars",
+                "data.tokenizer_doc_chars", "data.packing", "data.shuffle_rows", "data.num_workers",
+                "trainer.precision", VAL_SCOPE)
 
 
 @dataclass
@@ -166,6 +169,7 @@ def load_run(path: Path, label: str) -> Run:
         # What the run computed in (run.json), not config.yaml's "auto", which each machine resolves: one config
         # trains in bf16 on a GPU and fp32 on a CPU, with Newton-Schulz in bf16 or fp32 by the CPU.
         config["trainer.precision"], config["optim.muon.ns_dtype"] = info["precision"], info["ns_dtype"]
+        config["grad_accumulation"] = info.get("grad_accumulation")  # micro-batches per device, as resolved
         arm = Arm.of_run(info, str(config["xsa.parametrization"]))
         depth, seed = stage_depth(info), int(info["seed"])
     except rd.RunError as e:  # run.json or status.json missing or damaged
@@ -207,48 +211,85 @@ def assign_settings(runs: list[Run], reference: dict[str, str] | None = None) ->
     depth label naming those of them in which its setting differs from the common one: a key's value shared by
     most of the depth's settings is left out of their labels ("tiny · window_pattern=L" beside "tiny" for an
     ablation), unless no value is the most common (a sweep over sequence_len names it in every label).
-    reference: setting key (config key or label name) -> the value, as written, to take as the common one instead
-    (--reference-setting); one that no depth varies, or a value none of its runs has, is a ReportError."""
-    reference, used = dict(reference or {}), set()
+    reference: setting name -> the value, as written, to take as the common one instead (--reference-setting), in
+    every depth that has it; one that names no varying key, or whose value no run has, is a ReportError."""
     by_depth = defaultdict(list)
     for run in runs:
         by_depth[run.base_depth].append(run)
-    for group in by_depth.values():
-        keys = sorted({k for run in group for k in run.config if k.startswith(SETTING_KEYS)})
-        by_optim = defaultdict(list)
-        for run in group:
-            by_optim[run.arm.optim].append(run)
-        varying = [k for k in keys if any(len({repr(run.config.get(k)) for run in same}) > 1
-                                          for same in by_optim.values())]
-        settings = {run.path: {k: run.config.get(k) for k in varying} for run in group}
+    varying = {base: varying_keys(group) for base, group in by_depth.items()}
+    given = reference_keys(reference or {}, {k for keys in varying.values() for k in keys})
+    found = set()
+    for base, group in by_depth.items():
+        keys = varying[base]
+        settings = {run.path: {k: run.config.get(k) for k in keys} for run in group}
         distinct = list({repr(s): s for s in settings.values()}.values())
         common = {}
-        names = setting_names(varying)
-        for k in varying:
+        for k in keys:
+            values = {repr(s[k]): s[k] for s in distinct}
+            chosen = [shown for shown, value in values.items() if k in given and same_value(given[k], value)]
             counts = Counter(repr(s[k]) for s in distinct).most_common()
-            given = next((name for name in (k, names[k]) if name in reference), None)
-            if given is not None:
-                value = repr(as_config_value(reference[given]))
-                if value not in dict(counts):
-                    raise ReportError(f"--reference-setting {given}={reference[given]}: no run of "
-                                      f"{group[0].base_depth} has it (its values: "
-                                      f"{', '.join(sorted(dict(counts)))})")
-                common[k] = value
-                used.add(given)
+            if chosen:
+                common[k] = chosen[0]
+                found.add(k)
             elif len(counts) == 1 or counts[0][1] > counts[1][1]:
                 common[k] = counts[0][0]
+        names = setting_names(keys)
         for run in group:
             run.settings = settings[run.path]
             run.shown = {k: v for k, v in run.settings.items() if common.get(k) != repr(v)}
             run.setting_names = names
             run.depth = " · ".join([run.base_depth, *(f"{names[k]}={v}" for k, v in run.shown.items())])
-    if reference.keys() - used:
-        raise ReportError(f"--reference-setting {', '.join(sorted(reference.keys() - used))}: not a setting that "
-                          "varies among the runs (give its config key, e.g. optim.lr.x0_scalar, or its label's name)")
+    for key in given.keys() - found:
+        values = sorted({str(run.config.get(key)) for run in runs})
+        raise ReportError(f"--reference-setting {key}={given[key]}: no run has that value (its values: "
+                          f"{', '.join(values)})")
+
+
+def varying_keys(group: list[Run]) -> list[str]:
+    """The SETTING_KEYS that differ among a depth's runs of one optimizer."""
+    keys = sorted({k for run in group for k in run.config if k.startswith(SETTING_KEYS)})
+    by_optim = defaultdict(list)
+    for run in group:
+        by_optim[run.arm.optim].append(run)
+    return [k for k in keys if any(len({repr(run.config.get(k)) for run in same}) > 1 for same in by_optim.values())]
+
+
+def reference_keys(reference: dict[str, str], keys: set[str]) -> dict[str, str]:
+    """--reference-setting's names as the full keys they name (optim.lr.x0_scalar, or its end after a dot,
+    x0_scalar) -> the value given; a name that names no varying key, or several, or a key named twice is a
+    ReportError."""
+    out = {}
+    for name, text in reference.items():
+        named = sorted(k for k in keys if k == name or k.endswith("." + name))
+        if not named:
+            raise ReportError(f"--reference-setting {name}: not a setting that varies among the runs (they vary in "
+                              f"{', '.join(sorted(keys)) or 'none'})")
+        if len(named) > 1 and name not in named:
+            raise ReportError(f"--reference-setting {name} names {', '.join(named)}: give the whole key")
+        key = name if name in named else named[0]
+        if key in out:
+            raise ReportError(f"--reference-setting names {key} twice")
+        out[key] = text
+    return out
+
+
+def same_value(text: str, value) -> bool:
+    """Whether a value given on the command line is a run's: as labels write it (1e-05, None, L), as YAML reads it
+    (null, [1.0, 1.0]), or a number by its value (5e-1 is 0.5, 1 is 1.0)."""
+    if text == str(value):
+        return True
+    if isinstance(value, bool):
+        return as_config_value(text) is value
+    if isinstance(value, (int, float)):
+        try:
+            return float(text) == value
+        except ValueError:
+            return False
+    return as_config_value(text) == value
 
 
 def as_config_value(text: str):
-    """A value given on the command line as config.yaml holds it: 0.5 a float, L a string."""
+    """A value given on the command line as config.yaml holds it: 0.5 a float, L a string, null None."""
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:

@@ -29,7 +29,7 @@ import yaml
 from xsa_exp.report.plots import plot_forest
 from xsa_exp.report.render import PAIRED_TESTS, Key, fmt_p, md_table, num
 from xsa_exp.report.runs import ReportError
-from xsa_exp.report.stats import Estimate, family_of, holm
+from xsa_exp.report.stats import Estimate, holm_by_family
 
 MANIFEST = "summary.yaml"
 SELECTOR_KEYS = {"depth", "arm", "label"}
@@ -108,18 +108,19 @@ def selected(folder: str, entry: dict, deltas: list[Key]) -> list[tuple[Key, str
 
 
 def question_holm(questions: dict[str, str], tests: dict[str, dict[Key, Estimate]]) -> dict[tuple[str, Key], tuple]:
-    """(folder, key) -> (Holm's p, family size) within the test's question family: its kind's tests (family_of) in
-    every folder of its question (questions: folder -> question), a test that two folders hold alike (the same cell,
-    value and seeds) counted once."""
-    families = defaultdict(dict)
+    """(folder, key) -> (Holm's p, family size) within the test's question: holm_by_family over the tests of every
+    folder of its question (questions: folder -> question), a test that two folders hold alike (the same cell, value
+    and seeds) counted once; the same cell at another n (more seeds) counts again, which only makes Holm stricter."""
+    by_question = defaultdict(dict)
     test_of = {}
     for folder, folder_tests in tests.items():
         for key, e in folder_tests.items():
-            family, test = (questions[folder], *family_of(key)), (key, e.value, e.n)
-            families[family][test] = e.p
-            test_of[folder, key] = family, test
-    adjusted = {family: holm(members) for family, members in families.items()}
-    return {where: (adjusted[family][test], len(families[family])) for where, (family, test) in test_of.items()}
+            test = (*key, e.value, e.n)  # family_of reads its metric and statistic, key[2:4]
+            by_question[questions[folder]][test] = e.p
+            test_of[folder, key] = questions[folder], test
+    adjusted = {question: holm_by_family(p_values) for question, p_values in by_question.items()}
+    return {where: (adjusted[question][0][test], adjusted[question][1][test])
+            for where, (question, test) in test_of.items()}
 
 
 def question_cells(manifest: dict, tests: dict[str, dict[Key, Estimate]]) -> list[Cell]:
