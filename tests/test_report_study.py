@@ -252,8 +252,8 @@ def test_scale_trend_rows_and_plot(tmp_path):
 
 
 def test_runs_trained_otherwise_are_never_pooled_into_one_arm(tmp_path):
-    """Keys that change what a run computes split its depth: clipping, the updates it may skip, the batch's split into
-    micro-batches (its size, and how many per device: run.json's grad_accumulation), the width lr scaling,
+    """Keys that change what a run computes split its depth: clipping, the updates it may skip, the micro-batch (which
+    sets how the batch is split), the width lr scaling,
     XSA's eps, the tokenizer's sample, the validation files and shard, the data order, compilation, nanochat's
     transfer (its lr factor; a run from before optim.transfer reads as null), and the key that set the run's length
     (here train.epochs; SFT's epoch of rows left after dropping the untrained ones differs by a step between seeds,
@@ -276,13 +276,9 @@ def test_runs_trained_otherwise_are_never_pooled_into_one_arm(tmp_path):
         for i, config in enumerate(others):  # an indented line continues make_run's xsa: node
             make_run(study, f"o{i}-b{seed}", seed=seed, final_bpb=0.9, config=config)
             make_run(study, f"o{i}-x{seed}", alpha=1.0, seed=seed, final_bpb=0.95, config=config)
-        for name, alpha in (("acc-b", 0.0), ("acc-x", 1.0)):  # 4 micro-batches per device, as run.json records
-            rd.update_run_info(make_run(study, f"{name}{seed}", alpha=alpha, seed=seed, final_bpb=0.9 + alpha / 20),
-                               grad_accumulation=4)
     got = csv_rows(build_report([study], tmp_path / "out"))
     depths = {depth for depth, *_ in got}
-    assert depths == {"d12", "d12 · epochs=2", "d12 · grad_accumulation=4",
-                      *(f"d12 · {label}" for label in others.values())}, depths
+    assert depths == {"d12", "d12 · epochs=2", *(f"d12 · {label}" for label in others.values())}, depths
     assert got["d12", XSA, "val/bpb", "paired_delta"] == pytest.approx(0.01)
     assert got["d12 · epochs=2", XSA, "val/bpb", "paired_delta"] == pytest.approx(-0.01)  # both seeds, paired
 

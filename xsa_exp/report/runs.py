@@ -33,18 +33,18 @@ class RunProblem(Exception):
 
 # Config keys whose values, where they differ between runs of one depth, make those runs different settings (e.g.
 # "tiny · sequence_len=512"), compared and trended apart: the stack, the model's shape and switches, the optimizer's
-# hyperparameters, the training length (by the key that set it: see load_run), batch and its split into micro-batches
-# (with several loader workers a rank's updates read other rows, and SFT weighs each micro-batch's mean alike),
-# clipping and the non-finite updates a run may skip, the corpus and its files, shards, order and tokenizer, the
-# precision, Newton-Schulz dtype and compilation (each moves the last bits), and what the final val/bpb covers
-# (VAL_SCOPE). The arm's keys (xsa.*
-# but its eps, the optimizer) and the seed are not settings, nor is a key that only the optimizer arm changes
-# (optim=adamw's matrix lr).
+# hyperparameters, the training length (by the key that set it: see load_run), batch and micro-batch (with the
+# sequence length and the devices it sets the micro-batches per update: with several loader workers a rank's updates
+# then read other rows, and SFT weighs each micro-batch's mean alike; the devices are not a setting), clipping and
+# the non-finite updates a run may skip, the corpus and its files, shards, order and tokenizer, the precision,
+# Newton-Schulz dtype and compilation (each moves the last bits), and what the final val/bpb covers (VAL_SCOPE). The
+# arm's keys (xsa.* but its eps, the optimizer) and the seed are not settings, nor is a key that only the optimizer
+# arm changes (optim=adamw's matrix lr).
 LENGTH_KEYS = ("train.max_steps", "train.target_tokens", "train.epochs", "train.param_data_ratio")
 VAL_SCOPE = "val_scope"  # a bpb over other tokens is another measurement: runs that differ in it are never paired
 SETTING_KEYS = ("stack_name", "model.", "xsa.eps", "optim.width_lr_scaling", "optim.muon.", "optim.lr.",
                 "optim.adamw.", "optim.schedule.", "optim.transfer.", *LENGTH_KEYS, "train.total_batch_tokens",
-                "train.device_batch_size", "grad_accumulation", "train.grad_clip", "train.skip_nonfinite_steps",
+                "train.device_batch_size", "train.grad_clip", "train.skip_nonfinite_steps",
                 "train.compile", "data.name", "data.repo", "data.num_shards", "data.num_train_shards", "data.path",
                 "data.val_path", "data.text_column", "data.txt_sample_by", "data.tokenizer_chars",
                 "data.tokenizer_doc_chars", "data.packing", "data.shuffle_rows", "data.num_workers",
@@ -169,7 +169,6 @@ def load_run(path: Path, label: str) -> Run:
         # What the run computed in (run.json), not config.yaml's "auto", which each machine resolves: one config
         # trains in bf16 on a GPU and fp32 on a CPU, with Newton-Schulz in bf16 or fp32 by the CPU.
         config["trainer.precision"], config["optim.muon.ns_dtype"] = info["precision"], info["ns_dtype"]
-        config["grad_accumulation"] = info.get("grad_accumulation")  # micro-batches per device, as resolved
         arm = Arm.of_run(info, str(config["xsa.parametrization"]))
         depth, seed = stage_depth(info), int(info["seed"])
     except rd.RunError as e:  # run.json or status.json missing or damaged
