@@ -361,7 +361,6 @@ def checkpoints_newest_first(run_dir: Path) -> list[Path]:
 def newest_checkpoint(run_dir: Path) -> Path | None:
     """The newest checkpoint that loads (see checkpoints_newest_first); an unreadable newer one is skipped with a
     warning. None where the run has none; RunError where it has some and none loads."""
-
     candidates = checkpoints_newest_first(run_dir)
     skipped = []
     for path in candidates:

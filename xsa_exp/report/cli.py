@@ -37,10 +37,11 @@ def build_report(paths: list[Path], out_dir: Path | None = None, baseline_alpha:
     out_dir = Path(out_dir).expanduser() if out_dir is not None else paths[0] / "report"
     if out_dir.exists() and not out_dir.is_dir():
         raise ReportError(f"{out_dir} is a file, not a report folder; choose another --out")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+    filled = out_dir.is_dir() and any(out_dir.iterdir())
+    if filled and not force:
         raise ReportError(f"{out_dir} already exists and is not empty; nothing was overwritten "
                           "(choose another --out, or pass --force)")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "report.md").is_file():
+    if filled and not (out_dir / "report.md").is_file():
         raise ReportError(f"{out_dir} is not empty and holds no report.md: not a report folder, so --force does not "
                           "replace it; nothing was overwritten (choose another --out)")
     if not 0 <= baseline_alpha <= 1:  # NaN too
@@ -187,9 +188,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="α of the baseline arm (default 0: standard attention)")
     parser.add_argument("--force", action="store_true", help="write into an existing non-empty report folder")
     parser.add_argument("--reference-setting", action="append", default=[], metavar="KEY=VALUE",
-                        help="where a depth's runs differ in KEY (optim.lr.x0_scalar, or its label's name "
-                             "x0_scalar), the setting whose Δ the others' are compared with (default: the value "
-                             "most of its settings share, else none); repeatable")
+                        help="where a depth's runs differ in KEY (optim.lr.x0_scalar, or its end: x0_scalar), "
+                             "the setting whose Δ the others' are compared with (default: the value most of its "
+                             "settings share, else none); repeatable")
     parser.add_argument("--summary", type=Path, metavar="RESULTS",
                         help="the committed questions' summary from RESULTS/summary.yaml and each question's "
                              "numbers.csv alone: summary.csv, summary.md and forest.png, replaced")
