@@ -22,6 +22,7 @@ from tests.conftest import CONF_DIR, REPO
 from tests.hydra_app import check_runs, compose_base, run_configs
 from xsa_exp.config import checks, preflight
 from xsa_exp.eval.bundle import BundleError
+from xsa_exp.report.cli import build_parser, parse_args
 
 pytestmark = pytest.mark.xdist_group("readme")  # one process, so base_config below composes each command once
 
@@ -30,21 +31,24 @@ BUNDLE = Path(os.environ.get("XSA_EXP_EVAL_BUNDLE") or REPO.parent / "shared" / 
 COMMAND = re.compile(r"(?:python|torchrun(?: --\S+)*) (train|evaluate)\.py((?:[^;#`]|#(?=\S))*)")
 
 
-def readme_commands() -> list[tuple[str, str]]:
-    """(entry point, argument string) of each command, continuation lines joined, comments dropped: the code
-    blocks and inline code of the two READMEs, and the commands in the experiment presets' comments
-    ("#   python ...")."""
+def documented_lines() -> list[str]:
+    """Each command line of the code blocks and inline code of the two READMEs and the reference pages, and of the
+    experiment presets' comments ("#   python ..."), continuation lines joined, comments dropped."""
     pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "docs" / "results" / "README.md"]
     text = "".join(page.read_text() for page in pages)
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     blocks += re.findall(r"(?<!`)`((?:python|torchrun) [^`\n]*)`", re.sub(r"```.*?```", "", text, flags=re.S))
     for preset in sorted((CONF_DIR / "experiment").glob("*.yaml")):
         blocks.append("\n".join(line[4:] for line in preset.read_text().splitlines() if line.startswith("#   ")))
+    return [line.split("  #")[0] for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+
+
+def readme_commands() -> list[tuple[str, str]]:
+    """(entry point, argument string) of each training and evaluation command."""
     commands = []
-    for block in blocks:
-        for line in block.replace("\\\n", " ").splitlines():
-            commands += [(m.group(1), " ".join(m.group(2).split())) for m in COMMAND.finditer(line.split("  #")[0])
-                         if m.group(1) == "train" or m.group(2).strip()]  # `python evaluate.py` names the entry point
+    for line in documented_lines():
+        commands += [(m.group(1), " ".join(m.group(2).split())) for m in COMMAND.finditer(line)
+                     if m.group(1) == "train" or m.group(2).strip()]  # `python evaluate.py` names the entry point
     return list(dict.fromkeys(commands))  # a preset and the docs may show the same command
 
 
@@ -153,3 +157,25 @@ def test_documented_commands_that_differ_run_different_jobs(stand_ins):
         given = frozenset(fixed + swept)
         other = seen.setdefault(jobs, (given, args))
         assert other[0] == given, f"these commands run the same jobs:\n  {other[1]}\n  {args}"
+
+
+REPORT_COMMAND = re.compile(r"python -m xsa_exp\.report( (?:[^;#`]|#(?=\S))*)")
+REPORT_COMMANDS = sorted({" ".join(m.group(1).split()) for line in documented_lines()
+                          for m in REPORT_COMMAND.finditer(line)})
+
+
+def test_the_docs_show_report_commands_of_each_mode():
+    assert any("--reference-setting" in args for args in REPORT_COMMANDS)
+    assert any(args.startswith("--summary") for args in REPORT_COMMANDS)
+    assert any(args.startswith("--seed-rule") for args in REPORT_COMMANDS)
+
+
+@pytest.mark.parametrize("args", REPORT_COMMANDS, ids=[args[:80] for args in REPORT_COMMANDS])
+def test_documented_report_command_parses(args):
+    """Each `python -m xsa_exp.report` command of the docs passes the report's own option checks (the runs it reads
+    are not here); a synopsis, whose [optional] parts stand for values, names only options the report has."""
+    if "[" in args:
+        described = build_parser().format_help()
+        assert all(option in described for option in re.findall(r"--[a-z][a-z-]*", args)), args
+    else:
+        parse_args(shlex.split(args))

@@ -176,7 +176,7 @@ def trend_sections(results: list[cmp.ArmResult], settings: dict[str, list[cmp.Se
     return text
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m xsa_exp.report", description=DESCRIPTION,
         epilog="Three modes, one per call: run directories (the report), --summary RESULTS or --seed-rule.")
@@ -204,14 +204,16 @@ def main(argv: list[str] | None = None) -> None:
                       help=f"stop early only where the interval is this narrow (default {seed_rule.MAX_HALF_WIDTH})")
     rule.add_argument("--simulations", type=int, help=f"null cells per SD (default {seed_rule.SIMULATIONS:,})")
     rule.add_argument("--seed", type=int, help=f"numpy seed (default {seed_rule.SEED})")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's options, checked together; a bad one exits with argparse's usage and one line."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if bool(args.paths) + (args.summary is not None) + args.seed_rule != 1:
         parser.error("give run directories, --summary RESULTS or --seed-rule: one of them")
-    rule_options = {name: value for name, value in (("sds", args.sd), ("stages", args.stages),
-                                                    ("max_half_width", args.max_half_width),
-                                                    ("simulations", args.simulations), ("seed", args.seed))
-                    if value is not None}
-    if rule_options and not args.seed_rule:
+    if seed_rule_options(args) and not args.seed_rule:
         parser.error("--sd, --stages, --max-half-width, --simulations and --seed go with --seed-rule")
     for setting in args.reference_setting:
         if not setting.partition("=")[0] or "=" not in setting:
@@ -221,10 +223,23 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--reference-setting names {', '.join(sorted({n for n in names if names.count(n) > 1}))} twice")
     if args.reference_setting and not args.paths:
         parser.error("--reference-setting goes with run directories (a report)")
+    return args
+
+
+def seed_rule_options(args: argparse.Namespace) -> dict:
+    """The --seed-rule options given, as seed_rule.describe's keywords."""
+    return {name: value for name, value in (("sds", args.sd), ("stages", args.stages),
+                                            ("max_half_width", args.max_half_width),
+                                            ("simulations", args.simulations), ("seed", args.seed))
+            if value is not None}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     set_up_console()
     with exit_on_user_error():
         if args.seed_rule:
-            print(seed_rule.describe(**rule_options))
+            print(seed_rule.describe(**seed_rule_options(args)))
         elif args.summary is not None:
             for path in summary.write_summary(args.summary, args.out):
                 print(f"summary: {path}")
